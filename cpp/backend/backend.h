@@ -1,0 +1,121 @@
+// backend: the one seam between the model and its kernels (cpu/ always, cuda/ optionally).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+
+namespace fantai {
+
+// Shape of one layer's paged K (or V) cache. Layout: [num_blocks, num_kv_heads, block_size, head_dim],
+// so one head's tokens of one block are contiguous (head_dim-wide rows, block_size of them).
+// slot = block_id * block_size + offset_in_block.
+struct KVLayout {
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  DType dtype = DType::kF32;
+};
+
+// Attention metadata, built once per step by the model runner and handed to every layer.
+// The batch is flattened: sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1]).
+// Its KV after this step's store holds context_lens[s] tokens; query row j of sequence s sits at
+// position context_lens[s] - q_len_s + j and attends causally to KV positions <= its own.
+struct AttentionParams {
+  int32_t num_seqs = 0;
+  int32_t num_tokens = 0;              // cu_seqlens_q[num_seqs]
+  int32_t max_query_len = 0;           // max over s of q_len_s
+  int32_t max_context_len = 0;         // max over s of context_lens[s]
+  const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1]
+  const int32_t* context_lens = nullptr;  // [num_seqs], tokens, >= q_len_s
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] physical block ids
+  int32_t max_blocks_per_seq = 0;
+};
+
+// Collective ops for tensor parallelism. The single-process implementation is a no-op; MPI (CPU)
+// and NCCL (GPU) implementations plug in here later without touching the model.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const { return 0; }
+  virtual int world_size() const { return 1; }
+  virtual void all_reduce_sum(float* /*data*/, int64_t /*n*/) {}
+  virtual void all_gather(const float* in, float* out, int64_t n);  // out = in when world_size==1
+};
+
+// Coarse ops over raw pointers. All activations are f32, row-major. Implementations must be
+// batch invariant: a row's result may not depend on how many other rows are in the call or on the
+// thread count (same reduction order), so batching and chunked prefill never change tokens.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int num_threads() const = 0;
+
+  // Memory on the backend's device (host memory for cpu). Aligned to 64 bytes.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+
+  // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias != nullptr). w is row-major in w_dtype.
+  virtual void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y,
+                      int64_t m, int64_t n, int64_t k) = 0;
+
+  // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight[:]; out may alias x.
+  virtual void rms_norm(const float* x, const float* weight, float* out, int64_t rows,
+                        int64_t dim, float eps) = 0;
+
+  // residual[r, :] += x[r, :]; then out[r, :] = rms_norm(residual[r, :]). Fused for one pass.
+  virtual void add_rms_norm(float* residual, const float* x, const float* weight, float* out,
+                            int64_t rows, int64_t dim, float eps) = 0;
+
+  // Rotary embedding, rotate-half (GPT-NeoX / HF Llama) convention, in place on
+  // q [num_tokens, q_stride] holding num_q_heads heads of head_dim and
+  // k [num_tokens, k_stride] holding num_kv_heads heads (strides in floats, so q and k may be
+  // column slices of one fused qkv buffer). cos_sin: [max_positions, head_dim] with cos of the
+  // head_dim/2 frequencies in the first half of a row and sin in the second half.
+  virtual void rope(float* q, int64_t q_stride, float* k, int64_t k_stride,
+                    const int32_t* positions, int64_t num_tokens, int32_t num_q_heads,
+                    int32_t num_kv_heads, int32_t head_dim, const float* cos_sin) = 0;
+
+  // Scatters new keys/values into their slots. k, v: [num_tokens, stride] with num_kv_heads *
+  // head_dim used floats per row. slot_mapping: [num_tokens]; slot < 0 means skip the token.
+  virtual void store_kv(const float* k, const float* v, int64_t stride,
+                        const int64_t* slot_mapping, int64_t num_tokens, void* k_cache,
+                        void* v_cache, const KVLayout& layout) = 0;
+
+  // Paged causal attention (prefill chunks and decodes mixed) with grouped-query heads.
+  // q: [num_tokens, q_stride] with num_q_heads * head_dim used; out: [num_tokens, num_q_heads *
+  // head_dim]. Query head h reads KV head h / (num_q_heads / num_kv_heads). scale multiplies q.k.
+  virtual void attention(const float* q, int64_t q_stride, const void* k_cache,
+                         const void* v_cache, const KVLayout& layout, const AttentionParams& p,
+                         int32_t num_q_heads, float scale, float* out) = 0;
+
+  // out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:2*inter]
+  virtual void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
+
+  // out[i, :] = table[ids[i], :] converted to f32. table: [vocab, dim] in dtype.
+  virtual void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype,
+                         int64_t dim, float* out) = 0;
+
+  // x[i] += y[i]
+  virtual void add(float* x, const float* y, int64_t n) = 0;
+
+  Communicator& communicator() { return *comm_; }
+  void set_communicator(std::shared_ptr<Communicator> comm) { comm_ = std::move(comm); }
+
+ protected:
+  std::shared_ptr<Communicator> comm_ = std::make_shared<Communicator>();
+};
+
+// Registry: "cpu" is always present; "cuda" when built with FANTAI_CUDA and a device is found.
+// num_threads <= 0 means the cores this process may run on.
+std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads = 0);
+std::vector<std::string> available_backends();
+
+}  // namespace fantai

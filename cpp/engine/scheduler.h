@@ -1,0 +1,75 @@
+// engine: iteration-level (continuous) batching with chunked prefill and preemption by recompute.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/request.h"
+
+namespace fantai::engine {
+
+struct SchedulerConfig {
+  int32_t max_num_seqs = 256;            // running sequences per step
+  int32_t max_num_batched_tokens = 2048; // token budget per step (decodes + prefill chunks)
+  bool enable_chunked_prefill = true;    // false: a prompt is admitted only when it fits whole
+};
+
+// One sequence's share of a step: tokens [start, start + num_new_tokens) of its token list.
+struct ScheduledSeq {
+  Request* request = nullptr;
+  int32_t start = 0;           // == request->num_computed_tokens when scheduled
+  int32_t num_new_tokens = 0;  // >= 1
+  bool sample = false;         // true when this chunk reaches the last known token
+};
+
+struct ScheduledBatch {
+  std::vector<ScheduledSeq> seqs;  // running decodes first, then prefill chunks
+  int32_t num_tokens = 0;
+  int32_t num_decode_tokens = 0;   // seqs that were already past their prompt
+  int32_t num_prefill_tokens = 0;
+  std::vector<Request*> preempted; // moved back to the head of the waiting queue this step
+  // Running requests that could not grow even with every other request preempted (the pool is
+  // smaller than one sequence): finished with FinishReason::kLength, blocks freed.
+  std::vector<Request*> finished_out_of_blocks;
+  bool empty() const { return seqs.empty(); }
+};
+
+// FCFS. Each schedule(): (1) every running request gets its next tokens (decode: 1; a partial
+// prefill: the rest of its prompt up to the budget), allocating blocks; when the pool is short the
+// most recently admitted running request is preempted (blocks freed, num_computed_tokens = 0, put
+// at the head of the waiting queue) until the allocation fits; (2) waiting requests are admitted
+// in order while budget, max_num_seqs and free blocks allow (chunked when the budget is short).
+// After the step, the engine calls on_step_done() to advance num_computed_tokens and finish().
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, BlockManager* blocks);
+
+  void add(Request* request);
+  ScheduledBatch schedule();
+  // Advances num_computed_tokens of every scheduled sequence by its chunk.
+  void on_step_done(const ScheduledBatch& batch);
+  // Removes a running request, frees its blocks and marks it finished with `reason`.
+  void finish(Request* request, FinishReason reason);
+  // Removes a request from whichever queue holds it and frees its blocks. False if unknown.
+  bool abort(Request* request);
+
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const std::deque<Request*>& waiting() const { return waiting_; }
+  const std::vector<Request*>& running() const { return running_; }
+
+ private:
+  void preempt(Request* request, ScheduledBatch& batch);
+
+  SchedulerConfig config_;
+  BlockManager* blocks_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order; the back is preempted first
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace fantai::engine

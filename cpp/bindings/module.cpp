@@ -1,0 +1,202 @@
+// bindings: the one pybind11 module (_C). It only exports; long calls release the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "backend/backend.h"
+#include "common/check.h"
+#include "common/logging.h"
+#include "cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/engine_loop.h"
+#include "model/model.h"
+
+namespace py = pybind11;
+using namespace fantai;
+using engine::Engine;
+using engine::EngineConfig;
+using engine::EngineLoop;
+using engine::SamplingParams;
+using engine::StepOutput;
+using model::Model;
+using model::ModelConfig;
+
+namespace {
+
+py::dict stats_dict(const engine::EngineStats& s) {
+  py::dict d;
+  d["num_running"] = s.num_running;
+  d["num_waiting"] = s.num_waiting;
+  d["num_free_blocks"] = s.num_free_blocks;
+  d["num_total_blocks"] = s.num_total_blocks;
+  d["num_used_blocks"] = s.num_total_blocks - s.num_free_blocks;
+  d["block_size"] = s.block_size;
+  d["used_slots"] = s.used_slots;
+  d["allocated_slots"] = s.allocated_slots;
+  d["kv_utilization"] = s.allocated_slots ? static_cast<double>(s.used_slots) / s.allocated_slots : 0.0;
+  d["num_preemptions"] = s.num_preemptions;
+  d["num_steps"] = s.num_steps;
+  d["prompt_tokens"] = s.prompt_tokens;
+  d["generation_tokens"] = s.generation_tokens;
+  d["last_batch_tokens"] = s.last_batch_tokens;
+  d["last_batch_decode_tokens"] = s.last_batch_decode;
+  d["last_batch_prefill_tokens"] = s.last_batch_prefill;
+  return d;
+}
+
+void set_tensor(Model& m, const std::string& name, py::array array, const std::string& dtype) {
+  DType src;
+  if (dtype == "bfloat16") {
+    FANTAI_REQUIRE(array.itemsize() == 2, "bfloat16 tensors are passed as 2-byte arrays");
+    src = DType::kBF16;
+  } else if (py::isinstance<py::array_t<float>>(array)) {
+    src = DType::kF32;
+  } else if (array.dtype().kind() == 'f' && array.itemsize() == 2) {
+    src = DType::kF16;
+  } else {
+    FANTAI_THROW("tensor " << name << ": unsupported numpy dtype " << std::string(py::str(array.dtype())));
+  }
+  py::array c = py::array::ensure(array, py::array::c_style);
+  std::vector<int64_t> shape(c.shape(), c.shape() + c.ndim());
+  const void* data = c.data();
+  py::gil_scoped_release release;
+  m.weights().set(name, data, src, shape);
+}
+
+void bind_config(py::module_& m) {
+  py::class_<ModelConfig>(m, "ModelConfig")
+      .def_static("from_json", &ModelConfig::from_json)
+      .def_readonly("architecture", &ModelConfig::architecture)
+      .def_readonly("vocab_size", &ModelConfig::vocab_size)
+      .def_readonly("hidden_size", &ModelConfig::hidden_size)
+      .def_readonly("num_layers", &ModelConfig::num_layers)
+      .def_readonly("num_heads", &ModelConfig::num_heads)
+      .def_readonly("num_kv_heads", &ModelConfig::num_kv_heads)
+      .def_readonly("head_dim", &ModelConfig::head_dim)
+      .def_readonly("max_position_embeddings", &ModelConfig::max_position_embeddings)
+      .def_readonly("eos_token_ids", &ModelConfig::eos_token_ids)
+      .def("summary", &ModelConfig::summary);
+
+  py::class_<SamplingParams>(m, "SamplingParams")
+      .def(py::init<>())
+      .def_readwrite("temperature", &SamplingParams::temperature)
+      .def_readwrite("top_p", &SamplingParams::top_p)
+      .def_readwrite("top_k", &SamplingParams::top_k)
+      .def_readwrite("min_p", &SamplingParams::min_p)
+      .def_readwrite("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_readwrite("presence_penalty", &SamplingParams::presence_penalty)
+      .def_readwrite("frequency_penalty", &SamplingParams::frequency_penalty)
+      .def_readwrite("seed", &SamplingParams::seed)
+      .def_readwrite("max_tokens", &SamplingParams::max_tokens)
+      .def_readwrite("min_tokens", &SamplingParams::min_tokens)
+      .def_readwrite("ignore_eos", &SamplingParams::ignore_eos)
+      .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids)
+      .def_readwrite("logprobs", &SamplingParams::logprobs)
+      .def_readwrite("logit_bias", &SamplingParams::logit_bias);
+
+  py::class_<EngineConfig>(m, "EngineConfig")
+      .def(py::init<>())
+      .def_readwrite("block_size", &EngineConfig::block_size)
+      .def_readwrite("num_blocks", &EngineConfig::num_blocks)
+      .def_readwrite("kv_cache_bytes", &EngineConfig::kv_cache_bytes)
+      .def_readwrite("max_num_seqs", &EngineConfig::max_num_seqs)
+      .def_readwrite("max_num_batched_tokens", &EngineConfig::max_num_batched_tokens)
+      .def_readwrite("max_model_len", &EngineConfig::max_model_len)
+      .def_readwrite("enable_chunked_prefill", &EngineConfig::enable_chunked_prefill)
+      .def_readwrite("seed", &EngineConfig::seed)
+      .def_readwrite("eos_token_ids", &EngineConfig::eos_token_ids)
+      .def_readwrite("kv_cache_dtype", &EngineConfig::kv_cache_dtype);
+}
+
+void bind_model(py::module_& m) {
+  py::class_<Model, std::shared_ptr<Model>>(m, "Model")
+      .def_static("from_pretrained",
+                  [](const std::string& dir, const std::string& dtype, const std::string& backend, int threads) {
+                    auto be = create_backend(backend, threads);
+                    py::gil_scoped_release release;
+                    return Model::from_pretrained(dir, dtype, be);
+                  },
+                  py::arg("path"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0)
+      .def_static("create",
+                  [](const std::string& config_json, const std::string& dtype, const std::string& backend, int threads) {
+                    ModelConfig c = ModelConfig::from_json(config_json);
+                    DType dt = dtype == "auto" ? c.torch_dtype : dtype_from_name(dtype);
+                    return std::make_shared<Model>(c, dt, create_backend(backend, threads));
+                  },
+                  py::arg("config_json"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0)
+      .def("set_tensor", &set_tensor, py::arg("name"), py::arg("array"), py::arg("dtype") = "")
+      .def("finalize", &Model::finalize, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("config", &Model::config)
+      .def_property_readonly("dtype", [](const Model& mo) { return std::string(dtype_name(mo.dtype())); })
+      .def_property_readonly("num_threads", [](const Model& mo) { return mo.backend()->num_threads(); })
+      .def_property_readonly("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
+      .def("score", [](Model& mo, const std::vector<int32_t>& ids) {
+        std::vector<float> logits;
+        {
+          py::gil_scoped_release release;
+          logits = mo.score(ids);
+        }
+        py::array_t<float> out({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(mo.config().vocab_size)});
+        std::copy(logits.begin(), logits.end(), out.mutable_data());
+        return out;
+      });
+}
+
+void bind_engine(py::module_& m) {
+  py::class_<engine::TokenLogprob>(m, "TokenLogprob")
+      .def_readonly("logprob", &engine::TokenLogprob::logprob)
+      .def_readonly("top", &engine::TokenLogprob::top);
+  py::class_<StepOutput>(m, "StepOutput")
+      .def_readonly("request_id", &StepOutput::request_id)
+      .def_readonly("token_ids", &StepOutput::token_ids)
+      .def_readonly("logprobs", &StepOutput::logprobs)
+      .def_readonly("finished", &StepOutput::finished)
+      .def_property_readonly("finish_reason", [](const StepOutput& o) { return std::string(engine::finish_reason_name(o.finish_reason)); })
+      .def_readonly("stop_token_id", &StepOutput::stop_token_id)
+      .def_readonly("num_prompt_tokens", &StepOutput::num_prompt_tokens)
+      .def_readonly("num_output_tokens", &StepOutput::num_output_tokens);
+
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
+      .def(py::init([](std::shared_ptr<Model> model, const EngineConfig& c) {
+             py::gil_scoped_release release;
+             return std::make_shared<Engine>(std::move(model), c);
+           }))
+      .def("add_request", &Engine::add_request)
+      .def("abort_request", &Engine::abort_request)
+      .def("abort_all", &Engine::abort_all)
+      .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
+      .def("has_unfinished", &Engine::has_unfinished)
+      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
+      .def_property_readonly("max_model_len", [](const Engine& e) { return e.config().max_model_len; })
+      .def_property_readonly("max_num_batched_tokens", [](const Engine& e) { return e.config().max_num_batched_tokens; })
+      .def_property_readonly("kv_cache_bytes", &Engine::kv_cache_bytes)
+      .def_property_readonly("num_blocks", [](const Engine& e) { return e.block_manager().num_blocks(); })
+      .def_property_readonly("block_size", [](const Engine& e) { return e.block_manager().block_size(); });
+
+  py::class_<EngineLoop, std::shared_ptr<EngineLoop>>(m, "EngineLoop")
+      .def(py::init<std::shared_ptr<Engine>>())
+      .def("start", &EngineLoop::start)
+      .def("stop", &EngineLoop::stop, py::call_guard<py::gil_scoped_release>())
+      .def("add_request", &EngineLoop::add_request)
+      .def("abort_request", &EngineLoop::abort_request)
+      .def("wait_outputs", &EngineLoop::wait_outputs, py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](const EngineLoop& l) { return stats_dict(l.stats()); })
+      .def("last_error", &EngineLoop::last_error);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fantai core: paged KV cache, continuous batching and the model forward pass";
+  bind_config(m);
+  bind_model(m);
+  bind_engine(m);
+  m.def("cpu_isa", &cpu::selected_isa);
+  m.def("available_backends", &available_backends);
+  m.def("default_kv_cache_bytes", &engine::default_kv_cache_bytes);
+  m.def("set_log_level", [](const std::string& level) {
+    LogLevel l = level == "debug" ? LogLevel::kDebug : level == "warning" ? LogLevel::kWarning
+               : level == "error" ? LogLevel::kError : level == "off" ? LogLevel::kOff : LogLevel::kInfo;
+    set_log_level(l);
+  });
+}

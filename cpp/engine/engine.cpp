@@ -1,0 +1,221 @@
+// engine: the step: schedule → run → sample → postprocess (finish and free in the same step).
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "model/sampler.h"
+
+namespace fantai::engine {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int64_t default_kv_cache_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0, avail_kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") avail_kb = kb;
+  }
+  int64_t bytes = avail_kb > 0 ? avail_kb * 1024 * 3 / 10 : (int64_t{1} << 30);
+  return std::min<int64_t>(bytes, int64_t{8} << 30);
+}
+
+Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
+    : model_(std::move(model)), config_(std::move(config)), rng_(config_.seed) {
+  const model::ModelConfig& mc = model_->config();
+  if (config_.max_model_len <= 0) config_.max_model_len = mc.max_position_embeddings;
+  if (mc.sliding_window > 0) config_.max_model_len = std::min(config_.max_model_len, mc.sliding_window);
+  FANTAI_REQUIRE(config_.max_model_len <= mc.max_position_embeddings,
+                 "max_model_len " << config_.max_model_len << " exceeds the model's "
+                                  << mc.max_position_embeddings << " positions");
+  if (config_.max_num_batched_tokens <= 0) {
+    config_.max_num_batched_tokens = config_.enable_chunked_prefill ? 2048 : std::max(2048, config_.max_model_len);
+  }
+  FANTAI_REQUIRE(config_.max_num_seqs >= 1, "max_num_seqs must be at least 1");
+  if (config_.eos_token_ids.empty()) config_.eos_token_ids = mc.eos_token_ids;
+  const DType kv_dtype = dtype_from_name(config_.kv_cache_dtype);
+  const size_t per_block = model::KVCache::bytes_per_block(mc, config_.block_size, kv_dtype);
+  int32_t num_blocks = config_.num_blocks;
+  if (num_blocks <= 0) {
+    const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes : default_kv_cache_bytes();
+    num_blocks = static_cast<int32_t>(std::min<int64_t>(bytes / static_cast<int64_t>(per_block), 1 << 30));
+  }
+  FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block ("
+                                      << per_block << " bytes)");
+  blocks_ = std::make_unique<BlockManager>(num_blocks, config_.block_size);
+  cache_ = std::make_unique<model::KVCache>(mc, num_blocks, config_.block_size, kv_dtype, model_->backend());
+  scheduler_ = std::make_unique<Scheduler>(
+      SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},
+      blocks_.get());
+  runner_ = std::make_unique<ModelRunner>(model_, cache_.get());
+  FANTAI_LOG(kInfo, "KV pool: " << num_blocks << " blocks x " << config_.block_size << " tokens = "
+                                << int64_t{num_blocks} * config_.block_size << " tokens, "
+                                << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
+}
+
+void Engine::validate_request(const std::vector<int32_t>& prompt, const SamplingParams& p) const {
+  const int32_t vocab = model_->config().vocab_size;
+  FANTAI_REQUIRE(!prompt.empty(), "the prompt is empty");
+  for (int32_t t : prompt) {
+    FANTAI_REQUIRE(t >= 0 && t < vocab, "prompt token id " << t << " is outside the vocabulary [0, " << vocab << ")");
+  }
+  p.validate(vocab);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  FANTAI_REQUIRE(n + 1 <= config_.max_model_len,
+                 "the prompt has " << n << " tokens; this model's context (max_model_len) is "
+                                   << config_.max_model_len << " tokens");
+  const int64_t pool_tokens = int64_t{blocks_->num_blocks()} * blocks_->block_size();
+  FANTAI_REQUIRE(n + 1 <= pool_tokens, "the prompt has " << n << " tokens but the KV pool holds only "
+                                                         << pool_tokens << " tokens");
+}
+
+void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params) {
+  FANTAI_REQUIRE(requests_.find(id) == requests_.end(), "request id " << id << " is already in use");
+  validate_request(prompt, params);
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->prompt = std::move(prompt);
+  r->params = params;
+  r->rng.seed(params.seed >= 0 ? static_cast<uint64_t>(params.seed) : rng_());
+  r->arrival_time = now_seconds();
+  scheduler_->add(r.get());
+  requests_.emplace(id, std::move(r));
+}
+
+bool Engine::abort_request(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  scheduler_->abort(it->second.get());
+  requests_.erase(it);
+  return true;
+}
+
+std::vector<uint64_t> Engine::abort_all() {
+  std::vector<uint64_t> ids;
+  for (auto& [id, r] : requests_) {
+    scheduler_->abort(r.get());
+    ids.push_back(id);
+  }
+  requests_.clear();
+  return ids;
+}
+
+FinishReason Engine::check_stop(const Request& r, int32_t token, int32_t* stop_id) const {
+  const SamplingParams& p = r.params;
+  const int32_t n_out = static_cast<int32_t>(r.output.size());
+  if (n_out >= p.min_tokens) {
+    const bool eos = !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), token) !=
+                                          config_.eos_token_ids.end();
+    const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+    if (eos || stop) {
+      *stop_id = token;
+      return FinishReason::kStop;
+    }
+  }
+  if (n_out >= p.max_tokens || r.num_tokens() >= config_.max_model_len) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+StepOutput Engine::finish_output(Request& r, FinishReason reason) {
+  StepOutput o;
+  o.request_id = r.id;
+  o.finished = true;
+  o.finish_reason = reason;
+  o.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
+  o.num_output_tokens = static_cast<int32_t>(r.output.size());
+  return o;
+}
+
+std::vector<StepOutput> Engine::step() {
+  std::vector<StepOutput> outs;
+  ScheduledBatch batch = scheduler_->schedule();
+  for (Request* r : batch.finished_out_of_blocks) {
+    FANTAI_LOG(kWarning, "request " << r->id << " needs more KV blocks than the pool has; finished (length)");
+    outs.push_back(finish_output(*r, FinishReason::kLength));
+    requests_.erase(r->id);
+  }
+  if (!batch.preempted.empty()) {
+    FANTAI_LOG(kDebug, "preempted " << batch.preempted.size() << " request(s) (KV pool full)");
+  }
+  if (batch.empty()) return outs;
+  const double t = now_seconds();
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (s.request->first_scheduled_time < 0) s.request->first_scheduled_time = t;
+  }
+  const std::vector<float>& logits = runner_->run(batch);
+  scheduler_->on_step_done(batch);
+  counters_.num_steps++;
+  counters_.last_batch_tokens = batch.num_tokens;
+  counters_.last_batch_decode = batch.num_decode_tokens;
+  counters_.last_batch_prefill = batch.num_prefill_tokens;
+  counters_.prompt_tokens += batch.num_prefill_tokens;
+  sample_and_postprocess(batch, logits, &outs);
+  return outs;
+}
+
+void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vector<float>& logits,
+                                    std::vector<StepOutput>* outs) {
+  std::vector<model::SampleRow> rows;
+  std::vector<Request*> sampled;
+  std::vector<std::vector<int32_t>> banned;
+  banned.reserve(batch.seqs.size());
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (!s.sample) continue;
+    Request* r = s.request;
+    banned.emplace_back();
+    if (static_cast<int32_t>(r->output.size()) < r->params.min_tokens) {
+      if (!r->params.ignore_eos) banned.back() = config_.eos_token_ids;
+      banned.back().insert(banned.back().end(), r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
+    }
+    rows.push_back({&r->params, &r->prompt, &r->output, &r->rng, banned.back().empty() ? nullptr : &banned.back()});
+    sampled.push_back(r);
+  }
+  std::vector<model::SampleResult> results;
+  model::sample(const_cast<float*>(logits.data()), model_->config().vocab_size, rows, &results);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Request* r = sampled[i];
+    const model::SampleResult& res = results[i];
+    r->output.push_back(res.token);
+    counters_.generation_tokens++;
+    StepOutput o;
+    o.request_id = r->id;
+    o.token_ids.push_back(res.token);
+    if (r->params.logprobs >= 0) o.logprobs.push_back({res.logprob, res.top});
+    else o.logprobs.push_back({res.logprob, {}});
+    o.finish_reason = check_stop(*r, res.token, &o.stop_token_id);
+    o.finished = o.finish_reason != FinishReason::kNone;
+    o.num_prompt_tokens = static_cast<int32_t>(r->prompt.size());
+    o.num_output_tokens = static_cast<int32_t>(r->output.size());
+    if (o.finished) {
+      scheduler_->finish(r, o.finish_reason);
+      requests_.erase(r->id);
+    }
+    outs->push_back(std::move(o));
+  }
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = counters_;
+  s.num_running = static_cast<int64_t>(scheduler_->num_running());
+  s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
+  s.num_free_blocks = blocks_->num_free_blocks();
+  s.num_total_blocks = blocks_->num_blocks();
+  s.block_size = blocks_->block_size();
+  s.used_slots = blocks_->used_slots();
+  s.allocated_slots = blocks_->allocated_slots();
+  s.num_preemptions = scheduler_->num_preemptions();
+  return s;
+}
+
+}  // namespace fantai::engine

@@ -1,0 +1,102 @@
+// engine: add / abort / step — the continuous-batching loop over scheduler, blocks, model, sampler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/sampling_params.h"
+#include "engine/scheduler.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+
+namespace fantai::engine {
+
+struct EngineConfig {
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;        // > 0 fixes the pool size in blocks (overrides kv_cache_bytes)
+  int64_t kv_cache_bytes = 0;    // 0: a share of the available RAM (see default_kv_cache_bytes)
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 0;  // 0: max(2048, max_model_len) when not chunking
+  int32_t max_model_len = 0;     // 0: the model's max_position_embeddings
+  bool enable_chunked_prefill = true;
+  uint64_t seed = 0;             // engine generator for requests without a seed
+  std::vector<int32_t> eos_token_ids;  // empty: the model config's
+  std::string kv_cache_dtype = "float32";
+};
+
+struct TokenLogprob {
+  float logprob = 0.0f;                         // of the sampled token
+  std::vector<std::pair<int32_t, float>> top;   // top-N (token, logprob)
+};
+
+struct StepOutput {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;       // new tokens this step (0 or 1 today)
+  std::vector<TokenLogprob> logprobs;   // one per new token
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;           // the stop/eos id that finished it, else -1
+  int32_t num_prompt_tokens = 0;
+  int32_t num_output_tokens = 0;
+};
+
+struct EngineStats {
+  int64_t num_running = 0, num_waiting = 0;
+  int64_t num_free_blocks = 0, num_total_blocks = 0, block_size = 0;
+  int64_t used_slots = 0, allocated_slots = 0;
+  int64_t num_preemptions = 0, num_steps = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0;  // computed so far (prefill incl. recompute)
+  int64_t last_batch_tokens = 0, last_batch_decode = 0, last_batch_prefill = 0;
+};
+
+// Not thread-safe: one thread drives it (LLM.generate directly, or EngineLoop's thread).
+class Engine {
+ public:
+  Engine(std::shared_ptr<model::Model> model, EngineConfig config);
+
+  // Throws InvalidArgument (the request is not added) for bad params or a prompt that can't fit.
+  void add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params);
+  void validate_request(const std::vector<int32_t>& prompt, const SamplingParams& params) const;
+  // Frees everything the request held. Returns false for an unknown (or finished) id.
+  bool abort_request(uint64_t id);
+  // Aborts every live request (after a failed step, or at shutdown); returns their ids.
+  std::vector<uint64_t> abort_all();
+  std::vector<StepOutput> step();
+  bool has_unfinished() const { return scheduler_->has_unfinished(); }
+  EngineStats stats() const;
+
+  const EngineConfig& config() const { return config_; }
+  const model::ModelConfig& model_config() const { return model_->config(); }
+  const BlockManager& block_manager() const { return *blocks_; }
+  size_t kv_cache_bytes() const { return cache_->bytes(); }
+
+ private:
+  void sample_and_postprocess(const ScheduledBatch& batch, const std::vector<float>& logits,
+                              std::vector<StepOutput>* outs);
+  FinishReason check_stop(const Request& r, int32_t token, int32_t* stop_id) const;
+  StepOutput finish_output(Request& r, FinishReason reason);
+
+  std::shared_ptr<model::Model> model_;
+  EngineConfig config_;
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<model::KVCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::mt19937_64 rng_;
+  EngineStats counters_;
+};
+
+// Bytes for the KV pool when none is given: 30% of MemAvailable, capped at 8 GiB, so the
+// machine stays usable (PagedAttention needs no over-reservation).
+int64_t default_kv_cache_bytes();
+
+}  // namespace fantai::engine

@@ -1,0 +1,36 @@
+// engine: turns a ScheduledBatch into the model's ForwardBatch (token ids, positions, slots,
+// block tables) once per step, runs the forward pass and returns the logits rows to sample.
+// NOTE: it lives in engine/ (not model/) so that model/ never depends on scheduler types.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+
+namespace fantai::engine {
+
+class ModelRunner {
+ public:
+  ModelRunner(std::shared_ptr<model::Model> model, model::KVCache* cache);
+
+  // Runs one step; returns logits [number of seqs with sample == true, vocab] in batch order.
+  const std::vector<float>& run(const ScheduledBatch& batch);
+
+ private:
+  void prepare(const ScheduledBatch& batch);
+
+  std::shared_ptr<model::Model> model_;
+  model::KVCache* cache_;
+  // Host staging reused across steps.
+  std::vector<int32_t> token_ids_, positions_, cu_seqlens_q_, context_lens_, block_tables_;
+  std::vector<int32_t> logits_indices_;
+  std::vector<int64_t> slot_mapping_;
+  std::vector<float> logits_;
+  model::ForwardBatch fb_;
+};
+
+}  // namespace fantai::engine

@@ -1,0 +1,35 @@
+// model: the paged K/V pool in backend memory, one K and one V region per layer.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "model/model_config.h"
+#include "model/weights.h"
+
+namespace fantai::model {
+
+class KVCache {
+ public:
+  KVCache(const ModelConfig& config, int32_t num_blocks, int32_t block_size, DType dtype,
+          Backend* backend);
+
+  // Bytes one block takes over all layers, K and V.
+  static size_t bytes_per_block(const ModelConfig& config, int32_t block_size, DType dtype);
+
+  const KVLayout& layout() const { return layout_; }
+  void* k(int layer) const { return base(layer, 0); }  // [num_blocks, kv_heads, block_size, head_dim]
+  void* v(int layer) const { return base(layer, 1); }
+  size_t bytes() const { return buffer_.bytes(); }
+
+ private:
+  void* base(int layer, int which) const {
+    return buffer_.as<char>() + (static_cast<size_t>(layer) * 2 + which) * layer_bytes_;
+  }
+
+  KVLayout layout_;
+  size_t layer_bytes_ = 0;  // one of K or V of one layer
+  Buffer buffer_;
+};
+
+}  // namespace fantai::model

@@ -1,0 +1,66 @@
+// model: a Llama-family decoder: config + weights + one batched forward over paged KV.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "model/weights.h"
+
+namespace fantai::model {
+
+// One step's flattened, variable-length batch (prefill chunks and decodes mixed).
+struct ForwardBatch {
+  int32_t num_tokens = 0;
+  const int32_t* token_ids = nullptr;     // [num_tokens]
+  const int32_t* positions = nullptr;     // [num_tokens]
+  const int64_t* slot_mapping = nullptr;  // [num_tokens] KV slot each token writes
+  AttentionParams attn;
+  const int32_t* logits_indices = nullptr;  // [num_logits] rows whose next token is sampled
+  int32_t num_logits = 0;
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend);
+
+  // Loads a Hugging Face model directory (config.json + safetensors). dtype "auto" takes the
+  // checkpoint's torch_dtype.
+  static std::shared_ptr<Model> from_pretrained(const std::string& dir, const std::string& dtype,
+                                                std::shared_ptr<Backend> backend);
+
+  Weights& weights() { return weights_; }
+  void finalize();  // after all tensors are set: checks, rope tables
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+  Backend* backend() const { return backend_.get(); }
+  std::shared_ptr<Backend> backend_ptr() const { return backend_; }
+
+  // logits: [batch.num_logits, vocab_size] f32 (host memory on cpu).
+  void forward(const ForwardBatch& batch, KVCache& cache, float* logits);
+
+  // Logits for every position of one sequence, with a private KV cache: [n, vocab_size].
+  // For tests and scoring; the engine never calls it.
+  std::vector<float> score(const std::vector<int32_t>& token_ids);
+
+ private:
+  void ensure_workspace(int32_t num_tokens);
+  void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
+  void mlp_block(int layer, int32_t num_tokens);
+
+  ModelConfig config_;
+  DType dtype_;
+  std::shared_ptr<Backend> backend_;
+  Weights weights_;
+  Buffer cos_sin_;  // [max_positions, head_dim]
+  int32_t max_positions_ = 0;
+  // Step workspace, grown on demand, reused across steps (no allocation in the steady state).
+  int32_t capacity_ = 0;
+  Buffer residual_, normed_, qkv_, attn_out_, proj_out_, gate_up_, act_, last_res_, last_x_;
+};
+
+}  // namespace fantai::model

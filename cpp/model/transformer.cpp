@@ -1,0 +1,164 @@
+// model: the decoder loop, written only in backend ops (embedding → layers → norm → lm_head).
+#include <cmath>
+#include <filesystem>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "model/model.h"
+
+namespace fantai::model {
+
+Model::Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend)
+    : config_(config), dtype_(dtype), backend_(std::move(backend)),
+      weights_(config_, dtype, backend_.get()) {}
+
+std::shared_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& dtype,
+                                              std::shared_ptr<Backend> backend) {
+  namespace fs = std::filesystem;
+  FANTAI_REQUIRE(fs::is_directory(dir), "model directory not found: " << dir);
+  ModelConfig config = ModelConfig::from_file((fs::path(dir) / "config.json").string());
+  DType dt = dtype == "auto" || dtype.empty() ? config.torch_dtype : dtype_from_name(dtype);
+  auto model = std::make_shared<Model>(config, dt, std::move(backend));
+  load_safetensors_dir(dir, &model->weights());
+  model->finalize();
+  return model;
+}
+
+void Model::finalize() {
+  weights_.finalize();
+  // cos/sin table in f32 exactly as transformers computes it: angle = float(pos) * inv_freq.
+  const std::vector<float> inv = rope_inv_freq(config_);
+  const int32_t hd = config_.head_dim, half = hd / 2;
+  max_positions_ = config_.max_position_embeddings;
+  std::vector<float> table(static_cast<size_t>(max_positions_) * hd);
+  for (int32_t p = 0; p < max_positions_; ++p) {
+    float* row = table.data() + static_cast<size_t>(p) * hd;
+    for (int32_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(p) * inv[i];
+      row[i] = std::cos(angle);
+      row[half + i] = std::sin(angle);
+    }
+  }
+  cos_sin_ = Buffer(backend_.get(), table.size() * sizeof(float));
+  backend_->copy(cos_sin_.data(), table.data(), table.size() * sizeof(float));
+  FANTAI_LOG(kInfo, config_.summary() << "; weights " << dtype_name(dtype_) << ", "
+                                      << weights_.total_bytes() / (1 << 20) << " MiB");
+}
+
+void Model::ensure_workspace(int32_t n) {
+  if (n <= capacity_) return;
+  const int32_t cap = std::max(n, capacity_ * 2);
+  const ModelConfig& c = config_;
+  Backend* be = backend_.get();
+  auto f32 = [&](int64_t cols) { return Buffer(be, static_cast<size_t>(cap) * cols * sizeof(float)); };
+  residual_ = f32(c.hidden_size);
+  normed_ = f32(c.hidden_size);
+  qkv_ = f32(c.q_dim() + 2 * c.kv_dim());
+  attn_out_ = f32(c.q_dim());
+  proj_out_ = f32(c.hidden_size);
+  gate_up_ = f32(2 * static_cast<int64_t>(c.intermediate_size));
+  act_ = f32(c.intermediate_size);
+  last_res_ = f32(c.hidden_size);
+  last_x_ = f32(c.hidden_size);
+  capacity_ = cap;
+}
+
+void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layer(layer);
+  Backend* be = backend_.get();
+  const int64_t n = b.num_tokens, qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  float* qkv = qkv_.as<float>();
+  be->linear(normed_.as<float>(), L.qkv.data(), dtype_, L.qkv_bias.as<float>(), qkv, n, qkv_dim,
+             c.hidden_size);
+  float* q = qkv;
+  float* k = qkv + c.q_dim();
+  float* v = k + c.kv_dim();
+  be->rope(q, qkv_dim, k, qkv_dim, b.positions, n, c.num_heads, c.num_kv_heads, c.head_dim,
+           cos_sin_.as<float>());
+  be->store_kv(k, v, qkv_dim, b.slot_mapping, n, cache.k(layer), cache.v(layer), cache.layout());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(), b.attn, c.num_heads,
+                scale, attn_out_.as<float>());
+  be->linear(attn_out_.as<float>(), L.o.data(), dtype_, L.o_bias.as<float>(), proj_out_.as<float>(),
+             n, c.hidden_size, c.q_dim());
+  be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
+}
+
+void Model::mlp_block(int layer, int32_t n) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layer(layer);
+  Backend* be = backend_.get();
+  const int64_t inter = c.intermediate_size;
+  be->linear(normed_.as<float>(), L.gate_up.data(), dtype_, nullptr, gate_up_.as<float>(), n,
+             2 * inter, c.hidden_size);
+  be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
+  be->linear(act_.as<float>(), L.down.data(), dtype_, nullptr, proj_out_.as<float>(), n,
+             c.hidden_size, inter);
+  be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
+}
+
+void Model::forward(const ForwardBatch& b, KVCache& cache, float* logits) {
+  const ModelConfig& c = config_;
+  const int32_t n = b.num_tokens;
+  FANTAI_CHECK(n > 0, "empty forward batch");
+  ensure_workspace(n);
+  Backend* be = backend_.get();
+  const int64_t H = c.hidden_size;
+  for (int32_t i = 0; i < n; ++i) {
+    FANTAI_REQUIRE(b.token_ids[i] >= 0 && b.token_ids[i] < c.vocab_size,
+                   "token id " << b.token_ids[i] << " is outside the vocabulary [0, " << c.vocab_size << ")");
+    FANTAI_REQUIRE(b.positions[i] < max_positions_,
+                   "position " << b.positions[i] << " exceeds max_position_embeddings " << max_positions_);
+  }
+  float* residual = residual_.as<float>();
+  float* normed = normed_.as<float>();
+  be->embedding(b.token_ids, n, weights_.embed().data(), dtype_, H, residual);
+  be->rms_norm(residual, weights_.layer(0).input_norm.as<float>(), normed, n, H, c.rms_norm_eps);
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& L = weights_.layer(layer);
+    attention_block(layer, b, cache);
+    be->add_rms_norm(residual, proj_out_.as<float>(), L.post_norm.as<float>(), normed, n, H, c.rms_norm_eps);
+    mlp_block(layer, n);
+    if (layer + 1 < c.num_layers) {
+      be->add_rms_norm(residual, proj_out_.as<float>(), weights_.layer(layer + 1).input_norm.as<float>(),
+                       normed, n, H, c.rms_norm_eps);
+    }
+  }
+  if (b.num_logits == 0) return;
+  // Only rows that sample need the final norm and the (large) lm_head.
+  float* res_rows = last_res_.as<float>();
+  float* x_rows = last_x_.as<float>();
+  for (int32_t i = 0; i < b.num_logits; ++i) {
+    const int32_t r = b.logits_indices[i];
+    be->copy(res_rows + i * H, residual + static_cast<int64_t>(r) * H, H * sizeof(float));
+    be->copy(x_rows + i * H, proj_out_.as<float>() + static_cast<int64_t>(r) * H, H * sizeof(float));
+  }
+  be->add_rms_norm(res_rows, x_rows, weights_.final_norm().as<float>(), normed, b.num_logits, H,
+                   c.rms_norm_eps);
+  be->linear(normed, weights_.lm_head(), dtype_, nullptr, logits, b.num_logits, c.vocab_size, H);
+}
+
+std::vector<float> Model::score(const std::vector<int32_t>& ids) {
+  const int32_t n = static_cast<int32_t>(ids.size());
+  FANTAI_REQUIRE(n > 0, "score needs at least one token");
+  const int32_t bs = 16, num_blocks = (n + bs - 1) / bs;
+  KVCache cache(config_, num_blocks, bs, DType::kF32, backend_.get());
+  std::vector<int32_t> positions(n), table(num_blocks), indices(n), cu{0, n}, ctx{n};
+  std::vector<int64_t> slots(n);
+  for (int32_t i = 0; i < n; ++i) positions[i] = indices[i] = i, slots[i] = i;
+  for (int32_t b = 0; b < num_blocks; ++b) table[b] = b;
+  ForwardBatch fb;
+  fb.num_tokens = n;
+  fb.token_ids = ids.data();
+  fb.positions = positions.data();
+  fb.slot_mapping = slots.data();
+  fb.logits_indices = indices.data();
+  fb.num_logits = n;
+  fb.attn = AttentionParams{1, n, n, n, cu.data(), ctx.data(), table.data(), num_blocks};
+  std::vector<float> logits(static_cast<size_t>(n) * config_.vocab_size);
+  forward(fb, cache, logits.data());
+  return logits;
+}
+
+}  // namespace fantai::model

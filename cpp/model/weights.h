@@ -1,0 +1,89 @@
+// model: the decoder's weights in backend memory, fused for one GEMM per projection group.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model_config.h"
+
+namespace fantai::model {
+
+// A buffer in backend memory that frees itself.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* backend, size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct LayerWeights {
+  Buffer input_norm;       // [hidden] f32
+  Buffer qkv;              // [q_dim + 2 * kv_dim, hidden] weight dtype; rows q | k | v
+  Buffer qkv_bias;         // [q_dim + 2 * kv_dim] f32, empty without bias
+  Buffer o;                // [hidden, q_dim]
+  Buffer o_bias;           // [hidden] f32 or empty
+  Buffer post_norm;        // [hidden] f32
+  Buffer gate_up;          // [2 * intermediate, hidden]; rows gate | up
+  Buffer down;             // [hidden, intermediate]
+};
+
+// How a linear is split across tensor-parallel ranks: column-parallel splits output rows
+// (q/k/v, gate/up), row-parallel splits the input dim (o, down) and is followed by an all-reduce.
+enum class ShardRule : uint8_t { kReplicated, kColumn, kRow };
+
+// Owns every weight; filled tensor by tensor with Hugging Face names, then finalize() checks that
+// nothing is missing. Norms and biases are kept in f32; matrices in `dtype`.
+class Weights {
+ public:
+  Weights(const ModelConfig& config, DType dtype, Backend* backend);
+
+  // Copies (converting) one checkpoint tensor into place. Unknown names are ignored (returns
+  // false), shape mismatches throw. data: row-major in src_dtype.
+  bool set(const std::string& name, const void* data, DType src_dtype,
+           const std::vector<int64_t>& shape);
+  void finalize();  // throws listing missing tensors; ties lm_head to the embedding if needed
+
+  DType dtype() const { return dtype_; }
+  const Buffer& embed() const { return embed_; }        // [vocab, hidden]
+  const Buffer& final_norm() const { return final_norm_; }  // [hidden] f32
+  const void* lm_head() const;                           // [vocab, hidden]
+  const LayerWeights& layer(int i) const { return layers_[i]; }
+  size_t total_bytes() const;
+
+ private:
+  struct Slot;
+  Slot resolve(const std::string& name);
+  void copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols, const void* src,
+                 DType src_dtype, DType dst_dtype);
+
+  ModelConfig config_;
+  DType dtype_;
+  Backend* backend_;
+  Buffer embed_, final_norm_, lm_head_;
+  std::vector<LayerWeights> layers_;
+  std::vector<std::string> loaded_;
+};
+
+ShardRule shard_rule(const std::string& hf_name);
+
+// Loads *.safetensors (single file or sharded with model.safetensors.index.json) from a model
+// directory into `weights`, memory-mapping each file and converting tensor by tensor.
+void load_safetensors_dir(const std::string& dir, Weights* weights);
+
+}  // namespace fantai::model

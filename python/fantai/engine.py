@@ -1,0 +1,152 @@
+"""The async front of the core for the server: the C++ EngineLoop steps in its own thread (GIL
+released); one dispatcher thread waits for its outputs and hands them to asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fantai import _C
+from fantai.config import EngineOptions
+from fantai.loader import load_model
+from fantai.outputs import RequestOutput
+from fantai.requests import RequestState
+from fantai.sampling_params import SamplingParams
+
+logger = logging.getLogger("fantai")
+
+
+class AsyncEngine:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
+                 kv_cache_memory: int | str | None = None, memory_utilization: float | None = None,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
+                 seed: int = 0, threads: int | None = None, chat_template: str | None = None,
+                 enable_chunked_prefill: bool = True, num_kv_blocks: int | None = None) -> None:
+        self.options = EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization, max_num_seqs,
+                                     max_num_batched_tokens, block_size, seed, threads, enable_chunked_prefill,
+                                     num_kv_blocks)
+        loaded = load_model(model, dtype, threads)
+        self.model_path = loaded.path
+        self.tokenizer = loaded.tokenizer
+        self.load_seconds = loaded.load_seconds
+        self.chat_template = chat_template
+        self._model = loaded.model
+        self._engine = _C.Engine(loaded.model, self.options.core_config(self.tokenizer.eos_token_ids))
+        self.max_model_len: int = self._engine.max_model_len
+        self.vocab_size: int = loaded.model.config.vocab_size
+        self._loop = _C.EngineLoop(self._engine)
+        self._owner: dict[int, tuple[RequestState, int, asyncio.Queue[None], asyncio.AbstractEventLoop]] = {}
+        self._by_request: dict[str, RequestState] = {}
+        self._lock = threading.Lock()
+        self._running = True
+        self._loop.start()
+        self._dispatcher = threading.Thread(target=self._dispatch_forever, name="fantai-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    # ---- public API ------------------------------------------------------------------------
+    def kv_pool_info(self) -> dict[str, int]:
+        return {"num_blocks": self._engine.num_blocks, "block_size": self._engine.block_size,
+                "num_tokens": self._engine.num_blocks * self._engine.block_size,
+                "bytes": self._engine.kv_cache_bytes}
+
+    def stats(self) -> dict[str, Any]:
+        return self._loop.stats()
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yields the request's RequestOutput each time it changes (a live object: cumulative
+        text and tokens, read it before awaiting again); the last one has finished=True."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        state = RequestState.create(request_id, prompt if isinstance(prompt, str) else None, ids, params,
+                                    self.tokenizer)
+        queue: asyncio.Queue[None] = asyncio.Queue()
+        core = state.core_requests(self.max_model_len)
+        self._submit(state, core, queue)
+        try:
+            while True:
+                await queue.get()
+                while not queue.empty():
+                    queue.get_nowait()
+                yield state.result
+                if state.result.finished:
+                    return
+        finally:
+            if not state.result.finished:
+                self._abort_state(state)
+            self._forget(state, core)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            state = self._by_request.get(request_id)
+        if state is not None:
+            self._abort_state(state)
+
+    def shutdown(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self._loop.stop()
+        self._dispatcher.join(timeout=5)
+
+    # ---- internals -------------------------------------------------------------------------
+    def _submit(self, state: RequestState, core: list[tuple[int, _C.SamplingParams]],
+                queue: asyncio.Queue[None]) -> None:
+        if not self._running:
+            raise RuntimeError("the engine is shut down")
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            for i, (core_id, _) in enumerate(core):
+                self._owner[core_id] = (state, i, queue, loop)
+            self._by_request[state.request_id] = state
+        try:
+            for core_id, cp in core:
+                self._loop.add_request(core_id, state.prompt_token_ids, cp)  # validates: ValueError
+        except BaseException:
+            for core_id, _ in core:
+                self._loop.abort_request(core_id)
+            self._forget(state, core)
+            raise
+
+    def _abort_state(self, state: RequestState) -> None:
+        for child in state.children:
+            if child.output.finish_reason is None:
+                self._loop.abort_request(child.core_id)
+
+    def _forget(self, state: RequestState, core: list[tuple[int, Any]]) -> None:
+        with self._lock:
+            for core_id, _ in core:
+                self._owner.pop(core_id, None)
+            if self._by_request.get(state.request_id) is state:
+                del self._by_request[state.request_id]
+
+    def _dispatch_forever(self) -> None:
+        while self._running:
+            outs = self._loop.wait_outputs(200)  # blocks in C++ without the GIL
+            if not outs:
+                continue
+            by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+            with self._lock:
+                for out in outs:
+                    entry = self._owner.get(out.request_id)
+                    if entry is not None:
+                        by_loop.setdefault(entry[3], []).append((entry, out))
+            for loop, items in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(self._deliver, items)
+                except RuntimeError:  # the event loop is closed
+                    pass
+
+    def _deliver(self, items: list[Any]) -> None:
+        """Runs on the event loop: detokenize, apply stop strings, wake the generators."""
+        woken: set[int] = set()
+        for (state, index, queue, _), out in items:
+            if state.result.finished:
+                continue
+            if state.apply(index, out):
+                self._loop.abort_request(out.request_id)
+            if id(queue) not in woken:
+                woken.add(id(queue))
+                queue.put_nowait(None)

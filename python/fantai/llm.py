@@ -1,0 +1,131 @@
+"""The offline API: LLM.generate and LLM.chat (vLLM's names), driving the core synchronously."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Union
+
+from fantai import _C
+from fantai.config import EngineOptions
+from fantai.loader import load_model
+from fantai.outputs import RequestOutput
+from fantai.requests import RequestState
+from fantai.sampling_params import SamplingParams
+
+logger = logging.getLogger("fantai")
+
+PromptType = Union[str, list[int], dict[str, Any]]
+
+
+class LLM:
+    """A model plus a paged-KV continuous-batching engine, for offline batches.
+
+    >>> llm = LLM()  # the bundled SmolLM2-135M-Instruct
+    >>> llm.chat([{"role": "user", "content": "Hi!"}], SamplingParams(max_tokens=32))
+    """
+
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
+                 kv_cache_memory: int | str | None = None, memory_utilization: float | None = None,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
+                 seed: int = 0, threads: int | None = None, enable_chunked_prefill: bool = True,
+                 num_kv_blocks: int | None = None, chat_template: str | None = None) -> None:
+        self.options = EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization, max_num_seqs,
+                                     max_num_batched_tokens, block_size, seed, threads, enable_chunked_prefill,
+                                     num_kv_blocks)
+        loaded = load_model(model, dtype, threads)
+        self.model_path = loaded.path
+        self.tokenizer = loaded.tokenizer
+        self.chat_template = chat_template
+        self._model = loaded.model
+        self.engine = _C.Engine(loaded.model, self.options.core_config(self.tokenizer.eos_token_ids))
+        self.max_model_len: int = self.engine.max_model_len
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        items = _normalize_prompts(prompts)
+        params = _per_prompt(sampling_params, len(items))
+        states = [self._make_state(str(i), p, sp) for i, (p, sp) in enumerate(zip(items, params))]
+        return self._run(states, use_tqdm)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt,
+                                                      chat_template=chat_template or self.chat_template)
+                   for conv in conversations]
+        # The template already carries the special tokens (BOS etc.): don't add them twice.
+        ids = [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p, add_special_tokens=False)} for p in prompts]
+        return self.generate(ids, sampling_params, use_tqdm)
+
+    def _make_state(self, request_id: str, prompt: PromptType, params: SamplingParams) -> RequestState:
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, dict):
+            text = prompt.get("prompt")
+            ids = list(prompt["prompt_token_ids"]) if "prompt_token_ids" in prompt else self.tokenizer.encode(text)
+        else:
+            text, ids = None, list(prompt)
+        return RequestState.create(request_id, text, ids, params, self.tokenizer)
+
+    def _run(self, states: list[RequestState], use_tqdm: bool) -> list[RequestOutput]:
+        owner: dict[int, tuple[RequestState, int]] = {}
+        try:
+            for st in states:
+                for i, (core_id, cp) in enumerate(st.core_requests(self.max_model_len)):
+                    self.engine.add_request(core_id, st.prompt_token_ids, cp)
+                    owner[core_id] = (st, i)
+            self._loop(owner, len(states), use_tqdm)
+        except BaseException:
+            for core_id in owner:
+                self.engine.abort_request(core_id)
+            raise
+        return [st.result for st in states]
+
+    def _loop(self, owner: dict[int, tuple[RequestState, int]], total: int, use_tqdm: bool) -> None:
+        bar = _progress(total, use_tqdm)
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                st, i = owner[out.request_id]
+                was_done = st.result.finished
+                if st.apply(i, out):
+                    self.engine.abort_request(out.request_id)
+                if st.result.finished and not was_done and bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+
+
+def _normalize_prompts(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int):
+        return [list(prompts)]  # one prompt given as token ids
+    return list(prompts)
+
+
+def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(n)]
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+    return list(params)
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled or total <= 1:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)

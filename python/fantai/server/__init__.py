@@ -1,0 +1,1 @@
+"""HTTP serving room: OpenAI- and Anthropic-compatible API over the async engine (`fantai serve`)."""

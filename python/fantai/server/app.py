@@ -1,0 +1,177 @@
+"""Server room: the FastAPI application (middleware, error handlers, small routes, sub-routers)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import fantai
+from fantai.server import anthropic_api, errors, openai_api
+from fantai.server.chat import ToolPlan, render_prompt, template_messages
+from fantai.server.errors import APIError, error_response
+from fantai.server.protocol import DetokenizeRequest, TokenizeRequest
+from fantai.server.serving import ClientGone
+from fantai.server.state import ServerConfig, ServerContext
+
+__all__ = ["ServerConfig", "ServerContext", "build_app"]
+
+# Reachable without an API key (probes and scrapers).
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/ping"})
+
+
+class GuardMiddleware:
+    """API key check (constant time) and request body limit (413), before any route runs."""
+
+    def __init__(self, app: ASGIApp, ctx: ServerContext) -> None:
+        self.app = app
+        self.ctx = ctx
+        key = ctx.config.api_key
+        self.key = key.encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope):
+            await error_response(path, 401, "Invalid or missing API key. Send it as "
+                                 "'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
+                                 code="invalid_api_key",
+                                 headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        body = await self._read_body(scope, receive)
+        if body is None:
+            limit = self.ctx.config.max_body_bytes
+            await error_response(path, 413, f"Request body is larger than the server's limit of "
+                                 f"{limit} bytes.", code="request_too_large")(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-api-key", b"")
+        auth = headers.get(b"authorization", b"")
+        if auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        assert self.key is not None
+        return hmac.compare_digest(given, self.key)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body, or None once it passes the limit (checked on Content-Length first)."""
+        limit = self.ctx.config.max_body_bytes
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: wait for the disconnect
+
+    return replay
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)
+
+
+def _install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, errors.validation_handler)
+    app.add_exception_handler(APIError, errors.api_error_handler)
+    app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
+    app.add_exception_handler(ClientGone, _client_gone)
+    app.add_exception_handler(Exception, errors.internal_error_handler)
+
+
+def _add_info_routes(app: FastAPI, ctx: ServerContext) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        if ctx.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": fantai.__version__}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [{"id": name, "object": "model", "created": ctx.config.created,
+                 "owned_by": "fantai", "root": ctx.engine.model_path,
+                 "max_model_len": ctx.max_model_len} for name in ctx.config.served_model_names]
+        return {"object": "list", "data": data}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return PlainTextResponse(ctx.metrics.render(ctx.engine.stats()),
+                                 media_type="text/plain; version=0.0.4")
+
+
+def _add_token_routes(app: FastAPI, ctx: ServerContext) -> None:
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        ctx.model_name(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("Give exactly one of 'prompt' or 'messages'.", param="prompt")
+        if body.messages is not None:
+            text = render_prompt(ctx, template_messages(body.messages), ToolPlan(None, False),
+                                 body.add_generation_prompt)
+            ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": ctx.max_model_len,
+                               "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = ctx.tokenizer.convert_ids_to_tokens(ids)
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
+        ctx.model_name(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < ctx.vocab_size]
+        if bad:
+            raise APIError(f"Token id {bad[0]} is outside the vocabulary [0, {ctx.vocab_size}).",
+                           param="tokens")
+        return {"prompt": ctx.tokenizer.decode(body.tokens)}
+
+
+def build_app(engine: Any, config: ServerConfig) -> FastAPI:
+    """The ASGI app serving `engine` (a fantai.engine.AsyncEngine) under `config`."""
+    ctx = ServerContext.create(engine, config)
+    app = FastAPI(title="fantai", version=fantai.__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ctx = ctx
+    _install_handlers(app)
+    _add_info_routes(app, ctx)
+    _add_token_routes(app, ctx)
+    app.include_router(openai_api.router)
+    app.include_router(anthropic_api.router)
+    app.add_middleware(GuardMiddleware, ctx=ctx)
+    return app

@@ -1,0 +1,107 @@
+"""Server room: chat messages and tools -> model prompt text (template, tool choice, forced prefix)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fantai.server.errors import APIError
+from fantai.server.protocol import ChatMessage, NamedToolChoice, ToolCall
+from fantai.server.state import ServerContext
+
+
+@dataclass(slots=True)
+class ToolPlan:
+    """How tools shape one chat request: what the template sees and how output is read."""
+
+    tools: list[dict[str, Any]] | None  # OpenAI-shaped tool list for the template, or None
+    parse: bool  # run the tool-call parser over the output
+    prefix: str = ""  # forced call opening appended to the prompt (tool_choice required/named)
+
+
+def content_text(content: str | list[dict[str, Any]] | None, where: str = "content") -> str:
+    """Text of a message content: a string or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for part in content:
+        kind = part.get("type")
+        if kind in ("text", "input_text") and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise APIError(f"Unsupported content part type {kind!r} in {where}: this server "
+                           "takes text only.", param="messages")
+    return "\n".join(texts)
+
+
+def _tool_call_dict(call: ToolCall) -> dict[str, Any]:
+    args: Any = call.function.arguments
+    if isinstance(args, str):
+        try:  # templates expect a mapping they can iterate or `tojson`
+            args = json.loads(args) if args else {}
+        except json.JSONDecodeError:
+            pass
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.function.name, "arguments": args}}
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        role = "system" if msg.role == "developer" else msg.role
+        item: dict[str, Any] = {"role": role,
+                                "content": content_text(msg.content, f"messages[{i}]")}
+        if msg.name:
+            item["name"] = msg.name
+        if msg.tool_calls:
+            item["tool_calls"] = [_tool_call_dict(c) for c in msg.tool_calls]
+        if msg.tool_call_id:
+            item["tool_call_id"] = msg.tool_call_id
+        out.append(item)
+    return out
+
+
+def plan_tools(ctx: ServerContext, tools: list[dict[str, Any]] | None,
+               choice: str | NamedToolChoice | None) -> ToolPlan:
+    """Resolve tool_choice (none / auto / required / a named function) against the parser."""
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise APIError("tool_choice needs a non-empty 'tools' list.", param="tool_choice")
+        return ToolPlan(None, False)
+    if choice == "none":
+        return ToolPlan(None, False)
+    parser = ctx.tool_parser
+    if parser is None:
+        raise APIError("Tool calling is off: start the server with --tool-call-parser.",
+                       param="tools")
+    if choice in (None, "auto"):
+        return ToolPlan(tools, True)
+    name = None if choice == "required" else choice.function.name  # type: ignore[union-attr]
+    known = {t["function"]["name"] for t in tools}
+    if name is not None and name not in known:
+        raise APIError(f"tool_choice names function '{name}', which is not in 'tools'.",
+                       param="tool_choice")
+    return ToolPlan(tools, True, parser.forced_prefix(name))
+
+
+def render_prompt(ctx: ServerContext, messages: list[dict[str, Any]], plan: ToolPlan,
+                  add_generation_prompt: bool = True,
+                  template_kwargs: dict[str, Any] | None = None) -> str:
+    """The chat template applied to messages (+ tools), plus any forced tool-call prefix."""
+    try:
+        text = ctx.tokenizer.apply_chat_template(
+            messages, tools=plan.tools, add_generation_prompt=add_generation_prompt,
+            chat_template=getattr(ctx.engine, "chat_template", None), **(template_kwargs or {}))
+    except APIError:
+        raise
+    except Exception as exc:  # template errors (e.g. roles out of order) are the client's
+        raise APIError(f"Could not apply the chat template: {exc}", param="messages") from None
+    return text + plan.prefix
+
+
+def encode_chat(ctx: ServerContext, text: str) -> list[int]:
+    # The template already wrote BOS and friends into the text.
+    return ctx.tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,312 @@
+"""Server room: OpenAI routes /v1/completions and /v1/chat/completions (plain and streamed)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fantai.outputs import CompletionOutput, RequestOutput
+from fantai.server.chat import ToolPlan, encode_chat, plan_tools, render_prompt, template_messages
+from fantai.server.errors import APIError
+from fantai.server.params import build_sampling_params, check_max_tokens, check_token_ids
+from fantai.server.protocol import ChatCompletionRequest, CompletionRequest, PromptT
+from fantai.server.serving import (EngineCall, collect, generate, new_id, primed, sse,
+                                   sse_response, token_text, top_entries, until_disconnect, usage)
+from fantai.server.state import ServerContext
+from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser
+
+router = APIRouter()
+
+
+@dataclass(slots=True)
+class _Reply:
+    """What one response needs besides the outputs: ids, names, echo text and formatting."""
+
+    id: str
+    model: str
+    created: int
+    calls: list[EngineCall]
+    n: int
+    logprobs: int | None
+    include_usage: bool = False
+    echo: list[str] = field(default_factory=list)
+
+    def prompt_tokens(self) -> int:
+        return sum(len(c.prompt_ids) for c in self.calls)
+
+
+def _ctx(request: Request) -> ServerContext:
+    return request.app.state.ctx
+
+
+# ---------------------------------------------------------------- /v1/completions
+
+def _prompts(ctx: ServerContext, prompt: PromptT) -> list[tuple[str | None, list[int]]]:
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        items = [prompt]
+    else:
+        items = list(prompt)
+    if not items:
+        raise APIError("'prompt' is empty.", param="prompt")
+    out: list[tuple[str | None, list[int]]] = []
+    for item in items:
+        if isinstance(item, str):
+            out.append((item, ctx.tokenizer.encode(item, add_special_tokens=True)))
+        else:
+            check_token_ids(list(item), ctx.vocab_size, "prompt")
+            out.append((None, list(item)))
+        if not out[-1][1]:
+            raise APIError("'prompt' encodes to zero tokens.", param="prompt")
+    return out
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    ctx = _ctx(request)
+    model = ctx.model_name(body.model)
+    if body.suffix is not None:
+        raise APIError("'suffix' is not supported: this server does no fill-in-the-middle.",
+                       param="suffix")
+    if body.echo and body.logprobs is not None:
+        raise APIError("'echo' together with 'logprobs' is not supported (no prompt logprobs).",
+                       param="echo")
+    rid = new_id("cmpl-")
+    calls: list[EngineCall] = []
+    for i, (text, ids) in enumerate(_prompts(ctx, body.prompt)):
+        max_tokens = check_max_tokens(body.max_tokens, len(ids), ctx.max_model_len)
+        params = build_sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs,
+                                       defaults=ctx.defaults, vocab_size=ctx.vocab_size)
+        calls.append(EngineCall(f"{rid}-{i}", ids, params, text))
+    echo = [c.prompt_text if c.prompt_text is not None else ctx.tokenizer.decode(c.prompt_ids)
+            for c in calls] if body.echo else []
+    reply = _Reply(rid, model, int(time.time()), calls, body.n, body.logprobs,
+                   bool(body.stream_options and body.stream_options.include_usage), echo)
+    if body.stream:
+        return sse_response(await primed(request, _completion_chunks(ctx, reply)))
+    finals = await until_disconnect(request, collect(ctx, calls))
+    return JSONResponse(_completion_body(ctx, reply, finals))
+
+
+def _completion_logprobs(ctx: ServerContext, comp: CompletionOutput, start: int, k: int,
+                         offset: int) -> dict[str, list[Any]]:
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    for pos in range(start, len(comp.logprobs or [])):
+        entry = comp.logprobs[pos]  # type: ignore[index]
+        tid = comp.token_ids[pos]
+        lp = entry.get(tid)
+        text = token_text(ctx, tid, lp)
+        tokens.append(text)
+        values.append(lp.logprob if lp is not None else None)
+        tops.append(dict(top_entries(ctx, entry, k)) if k else {text: values[-1] or 0.0})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def _completion_body(ctx: ServerContext, reply: _Reply, finals: list[RequestOutput]
+                     ) -> dict[str, Any]:
+    choices = []
+    generated = 0
+    for i, out in enumerate(finals):
+        for comp in out.outputs:
+            generated += len(comp.token_ids)
+            prefix = reply.echo[i] if reply.echo else ""
+            lps = (_completion_logprobs(ctx, comp, 0, reply.logprobs, len(prefix))
+                   if reply.logprobs is not None else None)
+            choices.append({"index": i * reply.n + comp.index, "text": prefix + comp.text,
+                            "logprobs": lps, "finish_reason": comp.finish_reason,
+                            "stop_reason": comp.stop_reason})
+    choices.sort(key=lambda c: c["index"])
+    return {"id": reply.id, "object": "text_completion", "created": reply.created,
+            "model": reply.model, "choices": choices,
+            "usage": usage(reply.prompt_tokens(), generated)}
+
+
+async def _completion_chunks(ctx: ServerContext, reply: _Reply) -> AsyncIterator[str]:
+    sent_text: dict[int, int] = {}
+    sent_tok: dict[int, int] = {}
+    done: set[int] = set()
+    generated = 0
+    head = {"id": reply.id, "object": "text_completion", "created": reply.created,
+            "model": reply.model}
+    async with aclosing(generate(ctx, reply.calls)) as outs:
+        async for i, out in outs:
+            for comp in out.outputs:
+                idx = i * reply.n + comp.index
+                if idx in done:
+                    continue
+                start, tok_start = sent_text.get(idx, 0), sent_tok.get(idx, 0)
+                delta = comp.text[start:]
+                if start == 0 and tok_start == 0 and reply.echo:
+                    delta = reply.echo[i] + delta
+                new_tokens = len(comp.token_ids) > tok_start
+                if not delta and not comp.finish_reason and not (reply.logprobs is not None
+                                                                 and new_tokens):
+                    continue
+                lps = (_completion_logprobs(ctx, comp, tok_start, reply.logprobs, start)
+                       if reply.logprobs is not None else None)
+                sent_text[idx], sent_tok[idx] = len(comp.text), len(comp.token_ids)
+                if comp.finish_reason:
+                    done.add(idx)
+                    generated += len(comp.token_ids)
+                choice = {"index": idx, "text": delta, "logprobs": lps,
+                          "finish_reason": comp.finish_reason}
+                yield sse({**head, "choices": [choice]})
+    if reply.include_usage:
+        yield sse({**head, "choices": [], "usage": usage(reply.prompt_tokens(), generated)})
+    yield sse("[DONE]")
+
+
+# ---------------------------------------------------------------- /v1/chat/completions
+
+def _check_chat_fields(body: ChatCompletionRequest) -> None:
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        raise APIError(f"response_format type '{fmt.type}' is not supported yet (no structured "
+                       "output); use {'type': 'text'}.", param="response_format")
+    if body.top_logprobs and not body.logprobs:
+        raise APIError("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    ctx = _ctx(request)
+    model = ctx.model_name(body.model)
+    _check_chat_fields(body)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    plan = plan_tools(ctx, tools, body.tool_choice)
+    text = render_prompt(ctx, template_messages(body.messages), plan,
+                         body.add_generation_prompt, body.chat_template_kwargs)
+    ids = encode_chat(ctx, text)
+    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = check_max_tokens(asked, len(ids), ctx.max_model_len, ctx.defaults.max_tokens)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
+                                   defaults=ctx.defaults, vocab_size=ctx.vocab_size)
+    if plan.parse and ctx.tool_parser is not None and ctx.tool_parser.name == "mistral":
+        params.skip_special_tokens = False  # [TOOL_CALLS] is a special token
+    rid = new_id("chatcmpl-")
+    reply = _Reply(rid, model, int(time.time()), [EngineCall(rid, ids, params, text)], body.n,
+                   logprobs, bool(body.stream_options and body.stream_options.include_usage))
+    if body.stream:
+        return sse_response(await primed(request, _chat_chunks(ctx, reply, plan)))
+    finals = await until_disconnect(request, collect(ctx, reply.calls))
+    return JSONResponse(_chat_body(ctx, reply, plan, finals[0]))
+
+
+def tool_call_json(call: ParsedToolCall, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": call.id, "type": "function",
+                           "function": {"name": call.name, "arguments": call.arguments}}
+    return out if index is None else {"index": index, **out}
+
+
+def _chat_logprobs(ctx: ServerContext, comp: CompletionOutput, start: int, k: int
+                   ) -> dict[str, list[dict[str, Any]]]:
+    content = []
+    for pos in range(start, len(comp.logprobs or [])):
+        entry = comp.logprobs[pos]  # type: ignore[index]
+        tid = comp.token_ids[pos]
+        lp = entry.get(tid)
+        text = token_text(ctx, tid, lp)
+        tops = [{"token": t, "logprob": v, "bytes": list(t.encode())}
+                for t, v in top_entries(ctx, entry, k)]
+        content.append({"token": text, "logprob": lp.logprob if lp else -9999.0,
+                        "bytes": list(text.encode()), "top_logprobs": tops})
+    return {"content": content}
+
+
+def _chat_body(ctx: ServerContext, reply: _Reply, plan: ToolPlan, out: RequestOutput
+               ) -> dict[str, Any]:
+    choices = []
+    for comp in out.outputs:
+        content, calls = comp.text, []
+        if plan.parse and ctx.tool_parser is not None:
+            content, calls = ctx.tool_parser.extract(plan.prefix + comp.text)
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": None if calls and not content.strip() else content}
+        if calls:
+            message["tool_calls"] = [tool_call_json(c) for c in calls]
+        lps = (_chat_logprobs(ctx, comp, 0, reply.logprobs) if reply.logprobs is not None
+               else None)
+        choices.append({"index": comp.index, "message": message, "logprobs": lps,
+                        "finish_reason": "tool_calls" if calls else comp.finish_reason,
+                        "stop_reason": comp.stop_reason})
+    generated = sum(len(c.token_ids) for c in out.outputs)
+    return {"id": reply.id, "object": "chat.completion", "created": reply.created,
+            "model": reply.model, "choices": choices,
+            "usage": usage(reply.prompt_tokens(), generated)}
+
+
+@dataclass(slots=True)
+class _ChoiceState:
+    text: int = 0
+    tokens: int = 0
+    done: bool = False
+    tools: StreamingToolParser | None = None
+
+
+def _chat_deltas(ctx: ServerContext, reply: _Reply, comp: CompletionOutput, st: _ChoiceState
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Deltas for one choice's new output (content and/or tool calls), and its logprobs."""
+    deltas: list[dict[str, Any]] = []
+    if st.tools is not None:
+        step = st.tools.finish() if comp.finish_reason else st.tools.feed(comp.text)
+        if step.content:
+            deltas.append({"content": step.content})
+        base = st.tools.calls_sent - len(step.calls)
+        deltas += [{"tool_calls": [tool_call_json(c, base + j)]} for j, c in enumerate(step.calls)]
+    elif len(comp.text) > st.text:
+        deltas.append({"content": comp.text[st.text:]})
+    lps = None
+    if reply.logprobs is not None and len(comp.token_ids) > st.tokens:
+        lps = _chat_logprobs(ctx, comp, st.tokens, reply.logprobs)
+    st.text, st.tokens = len(comp.text), len(comp.token_ids)
+    return deltas, lps
+
+
+async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan) -> AsyncIterator[str]:
+    head = {"id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
+            "model": reply.model}
+
+    def chunk(idx: int, delta: dict[str, Any], lps: Any = None, finish: str | None = None) -> str:
+        choice = {"index": idx, "delta": delta, "logprobs": lps, "finish_reason": finish}
+        return sse({**head, "choices": [choice]})
+
+    parser = ctx.tool_parser if plan.parse else None
+    states = [_ChoiceState(tools=StreamingToolParser(parser, plan.prefix) if parser else None)
+              for _ in range(reply.n)]
+    for idx in range(reply.n):
+        yield chunk(idx, {"role": "assistant", "content": ""})
+    generated = 0
+    async with aclosing(generate(ctx, reply.calls)) as outs:
+        async for _, out in outs:
+            for comp in out.outputs:
+                st = states[comp.index]
+                if st.done:
+                    continue
+                deltas, lps = _chat_deltas(ctx, reply, comp, st)
+                for j, delta in enumerate(deltas):
+                    yield chunk(comp.index, delta, lps if j == 0 else None)
+                if not deltas and lps is not None:
+                    yield chunk(comp.index, {}, lps)
+                if comp.finish_reason:
+                    st.done = True
+                    generated += len(comp.token_ids)
+                    called = st.tools is not None and st.tools.calls_sent > 0
+                    yield chunk(comp.index, {}, None, "tool_calls" if called else comp.finish_reason)
+    if reply.include_usage:
+        yield sse({**head, "choices": [], "usage": usage(reply.prompt_tokens(), generated)})
+    yield sse("[DONE]")

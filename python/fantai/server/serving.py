@@ -1,0 +1,192 @@
+"""Server room: engine calls for HTTP requests (merging n prompts, aborting on disconnect, SSE framing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from fantai.outputs import Logprob, RequestOutput
+from fantai.sampling_params import SamplingParams
+from fantai.server.errors import APIError
+from fantai.server.state import ServerContext
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class EngineCall:
+    """One engine request: a tokenized prompt and its sampling parameters."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    prompt_text: str | None = None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+class ClientGone(Exception):
+    """The HTTP client went away before its answer was ready."""
+
+
+async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncIterator[RequestOutput]:
+    """engine.generate, with metrics on finish and an explicit abort if left early."""
+    finished = False
+    ctx.log_request(call.request_id, len(call.prompt_ids), call.params)
+    try:
+        async for out in ctx.engine.generate(call.prompt_ids, call.params, call.request_id):
+            if out.finished:
+                finished = True
+                ctx.metrics.record(out)
+            yield out
+    except ValueError as exc:
+        finished = True  # refused before it started: nothing to abort
+        raise APIError(str(exc)) from None
+    finally:
+        if not finished:
+            _abort(ctx, call)
+
+
+def _abort(ctx: ServerContext, call: EngineCall) -> None:
+    try:
+        ctx.engine.abort(call.request_id)
+    except Exception:  # already gone: nothing to free
+        pass
+    ctx.metrics.finished["abort"] = ctx.metrics.finished.get("abort", 0) + call.params.n
+
+
+async def _merged(ctx: ServerContext, calls: list[EngineCall]
+                  ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, call: EngineCall) -> None:
+        try:
+            async with aclosing(_guarded(ctx, call)) as outs:
+                async for out in outs:
+                    queue.put_nowait((i, out))
+            queue.put_nowait((i, None))
+        except Exception as exc:  # handed to the consumer; CancelledError just ends the pump
+            queue.put_nowait((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, c)) for i, c in enumerate(calls)]
+    try:
+        remaining = len(calls)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def generate(ctx: ServerContext, calls: list[EngineCall]
+                   ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(call index, cumulative RequestOutput) as each engine step lands, for all calls at once."""
+    if len(calls) == 1:
+        async with aclosing(_guarded(ctx, calls[0])) as outs:
+            async for out in outs:
+                yield 0, out
+        return
+    async with aclosing(_merged(ctx, calls)) as merged:
+        async for item in merged:
+            yield item
+
+
+async def collect(ctx: ServerContext, calls: list[EngineCall]) -> list[RequestOutput]:
+    """The final output of every call."""
+    finals: list[RequestOutput | None] = [None] * len(calls)
+    async with aclosing(generate(ctx, calls)) as outs:
+        async for i, out in outs:
+            finals[i] = out
+    return [f for f in finals if f is not None]
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`; cancel it (aborting its engine requests) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def primed(request: Request, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Pull the first item now, so errors become a JSON 4xx before any SSE header is sent."""
+    try:
+        first = await until_disconnect(request, stream.__anext__())
+    except StopAsyncIteration:
+        return _empty()
+    return _chain(first, stream)
+
+
+async def _empty() -> AsyncIterator[Any]:
+    return
+    yield
+
+
+async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
+    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False,
+                                                         separators=(",", ":"))
+    return f"event: {event}\ndata: {body}\n\n" if event else f"data: {body}\n\n"
+
+
+def sse_response(chunks: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(chunks, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def token_text(ctx: ServerContext, token_id: int, lp: Logprob | None) -> str:
+    if lp is not None and lp.decoded_token is not None:
+        return lp.decoded_token
+    return ctx.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def top_entries(ctx: ServerContext, entry: dict[int, Logprob], k: int
+                ) -> list[tuple[str, float]]:
+    """The k most likely (token text, logprob) pairs of one position."""
+    ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:k]
+    return [(token_text(ctx, tid, lp), lp.logprob) for tid, lp in ranked]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

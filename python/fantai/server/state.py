@@ -1,0 +1,71 @@
+"""Server room: the configuration and runtime context every route reads (engine, names, metrics)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fantai.server.errors import APIError
+from fantai.server.metrics import ServerMetrics
+from fantai.server.params import GenerationDefaults
+from fantai.server.tool_parsers import ToolParser, get_parser
+
+logger = logging.getLogger("fantai.server")
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """What `fantai serve` options decide about the HTTP layer (the engine takes the rest)."""
+
+    served_model_names: list[str]
+    api_key: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024
+    tool_call_parser: str | None = "hermes"
+    generation_config: str | None = "auto"
+    disable_log_requests: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(slots=True)
+class ServerContext:
+    engine: Any  # fantai.engine.AsyncEngine (duck-typed so tests and tools can stand in)
+    config: ServerConfig
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    tool_parser: ToolParser | None = None
+    draining: bool = False
+
+    @classmethod
+    def create(cls, engine: Any, config: ServerConfig) -> ServerContext:
+        parser = get_parser(config.tool_call_parser) if config.tool_call_parser else None
+        defaults = GenerationDefaults.load(config.generation_config,
+                                           getattr(engine, "model_path", None))
+        return cls(engine=engine, config=config, defaults=defaults, tool_parser=parser)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.engine.vocab_size)
+
+    def model_name(self, requested: str | None) -> str:
+        """The name to answer with; 404 for a model this server does not serve."""
+        names = self.config.served_model_names
+        if requested is None or requested == "":
+            return names[0]
+        if requested in names:
+            return requested
+        raise APIError(f"The model '{requested}' does not exist. This server serves: "
+                       f"{', '.join(names)}.", status=404, param="model", code="model_not_found")
+
+    def log_request(self, request_id: str, num_prompt_tokens: int, params: Any) -> None:
+        if not self.config.disable_log_requests:
+            logger.info("request %s: %d prompt tokens, %s", request_id, num_prompt_tokens, params)

@@ -1,0 +1,247 @@
+"""Server room: tool-call parsers (hermes, llama3_json, mistral) over generated text, full and streamed."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(slots=True)
+class ParsedToolCall:
+    name: str
+    arguments: str  # a JSON object, as text
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def input_dict(self) -> dict[str, Any]:
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+def _call_from_obj(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")
+                   ) -> ParsedToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args: Any = next((obj[k] for k in args_keys if k in obj), {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ParsedToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _decode_objects(text: str, seps: str = " \t\r\n;,") -> tuple[list[Any], str]:
+    """Consecutive JSON values in `text` (separated by `seps`), and the undecodable rest."""
+    values: list[Any] = []
+    pos = 0
+    while True:
+        while pos < len(text) and text[pos] in seps:
+            pos += 1
+        if pos >= len(text):
+            return values, ""
+        try:
+            value, pos = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return values, text[pos:]
+        values.append(value)
+
+
+class ToolParser:
+    """Base: `marker_index` finds where tool-call text starts; `calls` parses from there."""
+
+    name = "base"
+    markers: tuple[str, ...] = ()
+
+    def marker_index(self, text: str) -> int:
+        hits = [i for i in (text.find(m) for m in self.markers) if i >= 0]
+        return min(hits) if hits else -1
+
+    def hold_back(self, text: str) -> int:
+        """How many trailing characters might still grow into a marker (not yet content)."""
+        for size in range(min(len(text), max(map(len, self.markers))), 0, -1):
+            tail = text[-size:]
+            if any(m.startswith(tail) for m in self.markers):
+                return size
+        return 0
+
+    def calls(self, tool_text: str, final: bool) -> list[ParsedToolCall] | None:
+        """Complete calls in `tool_text`; at `final`, None means 'not a tool call after all'."""
+        raise NotImplementedError
+
+    def forced_prefix(self, function_name: str | None) -> str:
+        """Prompt text that opens a call (tool_choice required / named): no grammar engine yet."""
+        raise NotImplementedError
+
+    def extract(self, text: str) -> tuple[str, list[ParsedToolCall]]:
+        start = self.marker_index(text)
+        if start < 0:
+            return text, []
+        found = self.calls(text[start:], final=True)
+        if not found:
+            return text, []
+        return text[:start], found
+
+
+class HermesParser(ToolParser):
+    """Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, repeated."""
+
+    name = "hermes"
+    markers = ("<tool_call>",)
+    _block = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+    def calls(self, tool_text: str, final: bool) -> list[ParsedToolCall] | None:
+        found: list[ParsedToolCall] = []
+        for m in self._block.finditer(tool_text):
+            closed = bool(m.group(2))
+            if not closed and not final:
+                break
+            values, rest = _decode_objects(m.group(1).strip())
+            for value in values:
+                call = _call_from_obj(value)
+                if call is not None:
+                    found.append(call)
+        return found
+
+    def forced_prefix(self, function_name: str | None) -> str:
+        if function_name is None:
+            return "<tool_call>"
+        return '<tool_call>{"name": ' + json.dumps(function_name) + ', "arguments": '
+
+
+class Llama3JsonParser(ToolParser):
+    """Llama 3.x: the reply is `{"name": ..., "parameters": {...}}` (`;`-separated), maybe tagged."""
+
+    name = "llama3_json"
+    markers = ("<|python_tag|>", "{")
+
+    def marker_index(self, text: str) -> int:
+        tag = text.find("<|python_tag|>")
+        if tag >= 0:
+            return tag
+        stripped = len(text) - len(text.lstrip())
+        return stripped if text[stripped:stripped + 1] == "{" else -1
+
+    def hold_back(self, text: str) -> int:
+        if not text.strip():
+            return len(text)  # leading whitespace may precede a JSON call
+        return super().hold_back(text) if "<" in text[-14:] else 0
+
+    def calls(self, tool_text: str, final: bool) -> list[ParsedToolCall] | None:
+        tool_text = tool_text.replace("<|python_tag|>", "")
+        values, rest = _decode_objects(tool_text)
+        found = [c for c in (_call_from_obj(v) for v in values) if c is not None]
+        if final and (rest.strip() or len(found) != len(values)):
+            return None
+        return found
+
+    def forced_prefix(self, function_name: str | None) -> str:
+        if function_name is None:
+            return '{"name": "'
+        return '{"name": ' + json.dumps(function_name) + ', "parameters": '
+
+
+class MistralParser(ToolParser):
+    """Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` or `[TOOL_CALLS]name{...}`."""
+
+    name = "mistral"
+    markers = ("[TOOL_CALLS]",)
+    _named = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*(?=\{)")
+
+    def calls(self, tool_text: str, final: bool) -> list[ParsedToolCall] | None:
+        body = tool_text.replace("[TOOL_CALLS]", " ").strip()
+        if body.startswith("["):
+            values, _ = _decode_objects(body)
+            if not values or not isinstance(values[0], list):
+                return [] if not final else None
+            found = [_call_from_obj(v) for v in values[0]]
+            return [c for c in found if c is not None]
+        return self._named_calls(body)
+
+    def _named_calls(self, body: str) -> list[ParsedToolCall]:
+        found: list[ParsedToolCall] = []
+        pos = 0
+        while (m := self._named.match(body, pos)) is not None:
+            try:
+                args, pos = _DECODER.raw_decode(body, m.end())
+            except json.JSONDecodeError:
+                break
+            call = _call_from_obj({"name": m.group(1), "arguments": args})
+            if call is not None:
+                found.append(call)
+        return found
+
+    def forced_prefix(self, function_name: str | None) -> str:
+        if function_name is None:
+            return '[TOOL_CALLS][{"name": "'
+        return '[TOOL_CALLS][{"name": ' + json.dumps(function_name) + ', "arguments": '
+
+
+PARSERS: dict[str, type[ToolParser]] = {
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)}
+
+
+def get_parser(name: str) -> ToolParser:
+    try:
+        return PARSERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; choose from {sorted(PARSERS)}") from None
+
+
+@dataclass(slots=True)
+class ToolStreamDelta:
+    content: str = ""
+    calls: list[ParsedToolCall] = field(default_factory=list)
+
+
+class StreamingToolParser:
+    """Feeds cumulative text; yields content that is surely not a call, then each finished call."""
+
+    __slots__ = ("parser", "prefix", "text", "content_sent", "calls_sent", "start")
+
+    def __init__(self, parser: ToolParser, prefix: str = "") -> None:
+        self.parser = parser
+        self.prefix = prefix  # forced call opening (tool_choice), never sent as content
+        self.text = prefix
+        self.content_sent = 0
+        self.calls_sent = 0
+        self.start = parser.marker_index(prefix) if prefix else -1
+
+    def feed(self, generated: str) -> ToolStreamDelta:
+        """`generated`: the cumulative generated text so far."""
+        self.text = self.prefix + generated
+        if self.start < 0:
+            self.start = self.parser.marker_index(self.text)
+        if self.start < 0:
+            end = len(self.text) - self.parser.hold_back(self.text)
+            return self._content_until(end)
+        delta = self._content_until(self.start)
+        calls = self.parser.calls(self.text[self.start:], final=False) or []
+        delta.calls = calls[self.calls_sent:]
+        self.calls_sent = max(self.calls_sent, len(calls))
+        return delta
+
+    def finish(self) -> ToolStreamDelta:
+        content, calls = self.parser.extract(self.text)
+        if not calls:
+            return self._content_until(len(self.text))
+        delta = self._content_until(len(content))
+        delta.calls = calls[self.calls_sent:]
+        self.calls_sent = len(calls)
+        return delta
+
+    def _content_until(self, end: int) -> ToolStreamDelta:
+        if end <= self.content_sent:
+            return ToolStreamDelta()
+        piece = self.text[self.content_sent:end]
+        self.content_sent = end
+        return ToolStreamDelta(content=piece)

@@ -1,0 +1,203 @@
+"""Server test room: a scripted tiny Llama (next token = f(current token)) and a `fantai serve` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>",
+            "<|assistant_tools|>", "<|tool|>", "<|end|>"]
+# The reply to a chat without tools, and to one with tools (ends in EOS either way).
+TEXT_CHAIN = ["Hello", " there", " my", " friend", " how", " are", " you", " today"]
+TOOL_CHAIN = ["<tool_call>", '{"name": "', "get_weather", '", "arguments": ', '{"city": "',
+              "Paris", '"}}', "</tool_call>"]
+# Any prompt ending in one of these words continues the cycle forever (finish_reason "length").
+CYCLE = [" alpha", " beta", " gamma", " delta", " epsilon", " zeta", " eta", " theta", " iota",
+         " kappa", " lambda", " mu"]
+WORDS = ["hello", " world", "Once", " upon", " a", " time", "What", " is", " the", " weather",
+         " in", " Paris", "Tell", " me", " story", "Hi", "?", ".", ",", "!", " ", "\n", "alpha",
+         "sunny", "Sunny", " and", " warm"]
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}<|{{ m.role }}|>{{ m.content or '' }}<|end|>{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{%- if tools -%}<|assistant_tools|>{%- else -%}"
+    "<|assistant|>{%- endif -%}{%- endif -%}")
+HIDDEN = 128
+MARGIN = 8.0  # logit lead of the scripted next token over noise in [-1, 1]
+
+
+def vocab() -> list[str]:
+    return SPECIALS + TOOL_CHAIN + TEXT_CHAIN + CYCLE + WORDS
+
+
+def next_token_table(tokens: list[str]) -> list[int]:
+    """f: token id -> the scripted next token id."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    table = [ids[" alpha"]] * len(tokens)
+
+    def chain(start: str, seq: list[str], end: str) -> None:
+        prev = start
+        for tok in seq:
+            table[ids[prev]] = ids[tok]
+            prev = tok
+        table[ids[prev]] = ids[end]
+
+    chain("<|assistant|>", TEXT_CHAIN, "</s>")
+    chain("<|assistant_tools|>", TOOL_CHAIN, "</s>")
+    for i, word in enumerate(CYCLE):
+        table[ids[word]] = ids[CYCLE[(i + 1) % len(CYCLE)]]
+    table[ids["alpha"]] = ids[" beta"]
+    return table
+
+
+def _build_tokenizer(path: Path, tokens: list[str]) -> None:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r" ?\w+| ?[^\s\w]|\s"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CHAIN])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", 1)])
+    tok.save(str(path / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+              "add_bos_token": True, "chat_template": CHAT_TEMPLATE,
+              "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096}
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+
+
+def build_scripted_model(path: Path, seed: int = 0) -> Path:
+    """A 2-layer Llama whose residual stream is the token embedding (o_proj = down_proj = 0), so
+    greedy decoding follows next_token_table exactly; noise in lm_head keeps sampling random."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokens = vocab()
+    assert len(tokens) <= HIDDEN and len(set(tokens)) == len(tokens)
+    cfg = LlamaConfig(vocab_size=len(tokens), hidden_size=HIDDEN, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(torch.float32)
+    table = next_token_table(tokens)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.zero_()
+        model.model.embed_tokens.weight[:, :len(tokens)] += torch.eye(len(tokens))
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        head = torch.zeros(len(tokens), HIDDEN)
+        head[:, :len(tokens)] = torch.rand(len(tokens), len(tokens)) * 2 - 1
+        for i, nxt in enumerate(table):
+            head[nxt, i] += MARGIN
+        model.lm_head.weight.copy_(head / HIDDEN ** 0.5)
+    model.save_pretrained(str(path), safe_serialization=True)
+    _build_tokenizer(path, tokens)
+    return path
+
+
+def cycle_text(start_word: str, count: int) -> str:
+    """What greedy decoding appends after a prompt ending in CYCLE word `start_word`."""
+    i = CYCLE.index(start_word)
+    return "".join(CYCLE[(i + 1 + k) % len(CYCLE)] for k in range(count))
+
+
+@dataclass(slots=True)
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+    ready_seconds: float
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+def python_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")])
+    env.pop("FANTAI_API_KEY", None)
+    return env
+
+
+def start_server(args: list[str], log_path: Path, timeout: float = 300.0,
+                 env: dict[str, str] | None = None) -> ServerProcess:
+    """Launch `fantai serve --port 0 ARGS`; wait for its 'listening on' banner."""
+    cmd = [sys.executable, "-m", "fantai.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+           *args]
+    log = open(log_path, "wb")
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or python_env(),
+                            cwd=str(REPO))
+    pattern = re.compile(r"listening on (http://[0-9.]+:[0-9]+)")
+    while time.monotonic() - start < timeout:
+        m = pattern.search(log_path.read_text(errors="replace"))
+        if m is not None:
+            server = ServerProcess(proc, m.group(1), log_path, time.monotonic() - start)
+            wait_healthy(server.base_url)
+            return server
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"server did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
+
+
+def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{base_url}/health never answered 200")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} for every sample line."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def iter_sse(lines: Iterator[str]) -> Iterator[tuple[str | None, str]]:
+    """(event, data) pairs from SSE text lines."""
+    event: str | None = None
+    for line in lines:
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            yield event, line[5:].strip()
+            event = None

@@ -1,0 +1,225 @@
+"""Weights room: GGUF reader giving an HF-style config and dequantized HF-layout tensors, one at a time."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+
+
+@dataclass(frozen=True, slots=True)
+class ArchSpec:
+    """How one GGUF `general.architecture` maps onto a Hugging Face model class."""
+
+    hf_architecture: str
+    model_type: str
+    permuted_qk: bool  # llama.cpp's converter permuted q/k rows (rotate-half -> interleaved)
+
+
+ARCHS: dict[str, ArchSpec] = {
+    "llama": ArchSpec("LlamaForCausalLM", "llama", True),
+    "mistral": ArchSpec("LlamaForCausalLM", "llama", True),
+    "qwen2": ArchSpec("Qwen2ForCausalLM", "qwen2", False),
+}
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
+
+# Control tokens that end a turn in common chat formats; llama.cpp treats them as end-of-generation.
+END_OF_TURN_TEXTS = frozenset(
+    {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<end_of_turn>", "<|end|>",
+     "</s>", "<|end_of_text|>", "<|return|>", "<|call|>"}
+)
+CONTROL_TOKEN_TYPES = frozenset({3, 4})  # gguf TokenType CONTROL, USER_DEFINED
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """HF parameter name for a GGUF tensor name, or None when it has no HF counterpart."""
+    m = _BLOCK_RE.match(gguf_name)
+    if m:
+        layer, part, kind = m.groups()
+        hf = _BLOCK_NAMES.get(part)
+        return f"model.layers.{layer}.{hf}.{kind}" if hf else None
+    m = _GLOBAL_RE.match(gguf_name)
+    if m and m.group(1) in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
+    return None
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's rotate-half -> interleaved row permutation of q/k (weights or biases)."""
+    rows = w.shape[0]
+    grouped = w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
+    return grouped.swapaxes(1, 2).reshape(w.shape)
+
+
+def _clean_float(x: float) -> float:
+    # GGUF stores f32: 1e-5 reads back as 9.9999997e-06; give the shortest float32 repr instead.
+    return float(str(np.float32(x)))
+
+
+def _read_fields(reader: GGUFReader) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        out[key] = field.contents()
+    return out
+
+
+def _torch_dtype(file_type: int | None) -> str:
+    return {0: "float32", 1: "float16", 32: "bfloat16"}.get(file_type, "float32")
+
+
+def _end_token_ids(meta: dict[str, Any]) -> list[int]:
+    ids: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        tid = meta.get(f"tokenizer.ggml.{key}")
+        if tid is not None and tid not in ids:
+            ids.append(int(tid))
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    types = meta.get("tokenizer.ggml.token_type") or []
+    for tid, (text, ttype) in enumerate(zip(tokens, types)):
+        if ttype in CONTROL_TOKEN_TYPES and text in END_OF_TURN_TEXTS and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+class GGUFModel:
+    """A GGUF checkpoint opened lazily (memory-mapped); tensors are dequantized on demand."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._reader = GGUFReader(path, "r")
+        self.metadata: dict[str, Any] = _read_fields(self._reader)
+        self.arch: str = self.metadata.get("general.architecture", "")
+        if self.arch not in ARCHS:
+            raise ValueError(
+                f"{path}: unsupported GGUF architecture {self.arch!r} (supported: {sorted(ARCHS)})"
+            )
+        self.spec = ARCHS[self.arch]
+        self._by_name: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}
+        self.tokenizer_metadata: dict[str, Any] = {
+            k: v for k, v in self.metadata.items() if k.startswith("tokenizer.")
+        }
+        self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
+        bos = self.metadata.get("tokenizer.ggml.bos_token_id")
+        self.bos_token_id: int | None = None if bos is None else int(bos)
+        self.eos_token_ids: list[int] = _end_token_ids(self.metadata)
+        self.config: dict[str, Any] = self._build_config()
+
+    def _arch_value(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.arch}.{key}", default)
+
+    def _build_config(self) -> dict[str, Any]:
+        hidden = int(self._arch_value("embedding_length"))
+        heads = int(self._arch_value("attention.head_count"))
+        kv_heads = int(self._arch_value("attention.head_count_kv", heads))
+        vocab = self._arch_value("vocab_size") or len(self.metadata.get("tokenizer.ggml.tokens", []))
+        eos = self.metadata.get("tokenizer.ggml.eos_token_id")
+        cfg: dict[str, Any] = {
+            "architectures": [self.spec.hf_architecture],
+            "model_type": self.spec.model_type,
+            "vocab_size": int(vocab),
+            "hidden_size": hidden,
+            "intermediate_size": int(self._arch_value("feed_forward_length")),
+            "num_hidden_layers": int(self._arch_value("block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": int(self._arch_value("attention.key_length", hidden // heads)),
+            "hidden_act": "silu",
+            "rms_norm_eps": _clean_float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": _clean_float(self._arch_value("rope.freq_base", 10000.0)),
+            "max_position_embeddings": int(self._arch_value("context_length", 2048)),
+            "tie_word_embeddings": "output.weight" not in self._by_name,
+            "attention_bias": "blk.0.attn_q.bias" in self._by_name,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": None if eos is None else int(eos),
+            "torch_dtype": _torch_dtype(self.metadata.get("general.file_type")),
+        }
+        pad = self.metadata.get("tokenizer.ggml.padding_token_id")
+        if pad is not None:
+            cfg["pad_token_id"] = int(pad)
+        rope_scaling = self._rope_scaling()
+        if rope_scaling is not None:
+            cfg["rope_scaling"] = rope_scaling
+        return cfg
+
+    def _rope_scaling(self) -> dict[str, Any] | None:
+        kind = self._arch_value("rope.scaling.type")
+        factor = self._arch_value("rope.scaling.factor")
+        if kind in (None, "none") or factor is None:
+            return None
+        out: dict[str, Any] = {"rope_type": kind, "type": kind, "factor": _clean_float(factor)}
+        orig = self._arch_value("rope.scaling.original_context_length")
+        if orig is not None:
+            out["original_max_position_embeddings"] = int(orig)
+        return out
+
+    def tensor_names(self) -> list[tuple[str, str]]:
+        """(gguf_name, hf_name) for every tensor with an HF counterpart, in file order."""
+        pairs = ((t.name, hf_tensor_name(t.name)) for t in self._reader.tensors)
+        return [(g, h) for g, h in pairs if h is not None]
+
+    def unmapped_tensor_names(self) -> list[str]:
+        """GGUF tensors with no HF parameter (e.g. rope_freqs); tensors() skips them."""
+        return [t.name for t in self._reader.tensors if hf_tensor_name(t.name) is None]
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Yield (hf_name, array) one tensor at a time: HF layout [out, in], f32 (F16 stays f16)."""
+        for gguf_name, hf_name in self.tensor_names():
+            yield hf_name, self.tensor(gguf_name)
+
+    def tensor(self, gguf_name: str) -> np.ndarray:
+        """Dequantize one GGUF tensor into HF layout (q/k rows un-permuted where needed)."""
+        t = self._by_name[gguf_name]
+        array = _dequantize(t)
+        if self.spec.permuted_qk:
+            array = self._maybe_unpermute(gguf_name, array)
+        return array
+
+    def _maybe_unpermute(self, gguf_name: str, array: np.ndarray) -> np.ndarray:
+        if ".attn_q." in gguf_name:
+            return unpermute_qk(array, self.config["num_attention_heads"])
+        if ".attn_k." in gguf_name:
+            return unpermute_qk(array, self.config["num_key_value_heads"])
+        return array
+
+
+def _dequantize(t: ReaderTensor) -> np.ndarray:
+    shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost-first
+    qtype = GGMLQuantizationType(t.tensor_type)
+    if qtype == GGMLQuantizationType.F16:
+        return np.array(t.data.view(np.float16)).reshape(shape)  # copy out of the mmap
+    try:
+        array = dequantize(t.data, qtype)
+    except NotImplementedError as e:
+        raise NotImplementedError(f"tensor {t.name}: GGUF type {qtype.name} unsupported") from e
+    if qtype == GGMLQuantizationType.F32:
+        array = np.array(array)  # F32 comes back as a view of the mmap
+    return array.astype(np.float32, copy=False).reshape(shape)
+
+
+def load_gguf(path: str) -> GGUFModel:
+    """Open a GGUF file: metadata is read now, tensors lazily through GGUFModel.tensors()."""
+    return GGUFModel(path)

@@ -1,0 +1,269 @@
+// cpu: the CPU Backend — argument checks, work splitting over the thread pool, and dispatch to
+// the kernel table of the chosen ISA. Splitting never changes a row's arithmetic (see kernels.h).
+#include "cpu/cpu_backend.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
+
+namespace fantai::cpu {
+namespace {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc ? static_cast<int>(hc) : 1;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Below this many multiply-adds (or bytes moved) an op runs on the calling thread: waking the
+// pool costs more than it saves.
+constexpr int64_t kParallelMinWork = 1 << 15;
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(Isa isa, int num_threads) : isa_(isa), k_(kernels_for(isa)), pool_(num_threads) {
+    FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size());
+  }
+
+  std::string name() const override { return "cpu"; }
+  int num_threads() const override { return pool_.size(); }
+
+  void* alloc(size_t bytes) override {
+    const size_t n = (std::max<size_t>(bytes, 1) + 63) & ~size_t{63};  // aligned_alloc wants a multiple
+    void* p = std::aligned_alloc(64, n);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void free(void* ptr) override { std::free(ptr); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+  void fill_zero(void* dst, size_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+
+  void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
+              int64_t n, int64_t k) override {
+    FANTAI_REQUIRE(m >= 0 && n >= 0 && k > 0, "linear: bad shape m=" << m << " n=" << n << " k=" << k);
+    if (m == 0 || n == 0) return;
+    // Rows in blocks of 64 (x block stays in L2 while weight tiles stream past it); columns in
+    // chunks of 16, sized so there are a few tasks per thread for dynamic balance.
+    const int64_t row_block = 64;
+    const int64_t row_blocks = ceil_div(m, row_block);
+    const int T = pool_.size();
+    int64_t want_chunks = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
+    int64_t col_chunk = (ceil_div(n, want_chunks) + 15) / 16 * 16;
+    col_chunk = std::max<int64_t>(16, std::min<int64_t>(col_chunk, 2048));
+    const int64_t col_chunks = ceil_div(n, col_chunk);
+    const auto fn = k_.linear;
+    pool_.parallel_for(row_blocks * col_chunks, [&](int64_t t, int) {
+      const int64_t rb = t / col_chunks, cb = t % col_chunks;
+      const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
+      const int64_t j0 = cb * col_chunk, j1 = std::min(n, j0 + col_chunk);
+      fn(x + r0 * k, w, w_dtype, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
+    });
+  }
+
+  void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                float eps) override {
+    FANTAI_REQUIRE(dim > 0 && rows >= 0, "rms_norm: bad shape rows=" << rows << " dim=" << dim);
+    const auto fn = k_.rms_norm;
+    for_rows(rows, dim, [&](int64_t r) { fn(x + r * dim, weight, out + r * dim, dim, eps); });
+  }
+
+  void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
+                    int64_t dim, float eps) override {
+    FANTAI_REQUIRE(dim > 0 && rows >= 0, "add_rms_norm: bad shape rows=" << rows << " dim=" << dim);
+    const auto fn = k_.add_rms_norm;
+    for_rows(rows, dim, [&](int64_t r) {
+      fn(residual + r * dim, x + r * dim, weight, out + r * dim, dim, eps);
+    });
+  }
+
+  void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
+            int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+            const float* cos_sin) override {
+    FANTAI_REQUIRE(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be even, got " << head_dim);
+    const auto fn = k_.rope;
+    for_rows(num_tokens, static_cast<int64_t>(num_q_heads + num_kv_heads) * head_dim, [&](int64_t t) {
+      const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
+      fn(q + t * q_stride, num_q_heads, head_dim, cs);
+      fn(k + t * k_stride, num_kv_heads, head_dim, cs);
+    });
+  }
+
+  void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
+                int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L) override {
+    FANTAI_REQUIRE(L.block_size > 0 && L.num_kv_heads > 0 && L.head_dim > 0,
+                   "store_kv: bad KV layout");
+    const int64_t hd = L.head_dim, slots = static_cast<int64_t>(L.num_blocks) * L.block_size;
+    for (int64_t t = 0; t < num_tokens; ++t)
+      FANTAI_REQUIRE(slot_mapping[t] < slots, "store_kv: slot " << slot_mapping[t] << " of token "
+                                              << t << " is past the cache (" << slots << " slots)");
+    const size_t es = dtype_size(L.dtype);
+    for_rows(num_tokens, 2 * L.num_kv_heads * hd, [&](int64_t t) {
+      const int64_t slot = slot_mapping[t];
+      if (slot < 0) return;
+      const int64_t blk = slot / L.block_size, off = slot % L.block_size;
+      for (int h = 0; h < L.num_kv_heads; ++h) {
+        const int64_t dst = ((blk * L.num_kv_heads + h) * L.block_size + off) * hd;
+        convert_from_f32(k + t * stride + h * hd, static_cast<char*>(k_cache) + dst * es, L.dtype, hd);
+        convert_from_f32(v + t * stride + h * hd, static_cast<char*>(v_cache) + dst * es, L.dtype, hd);
+      }
+    });
+  }
+
+  void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                 const KVLayout& L, const AttentionParams& p, int32_t num_q_heads, float scale,
+                 float* out) override;
+
+  void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
+    const auto fn = k_.silu_mul;
+    for_rows(rows, inter, [&](int64_t r) {
+      fn(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, out + r * inter, inter);
+    });
+  }
+
+  void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
+                 float* out) override {
+    const size_t es = dtype_size(dtype);
+    const auto fn = k_.to_f32;
+    for (int64_t i = 0; i < n; ++i)  // checked here: a throw inside a pool task cannot propagate
+      FANTAI_REQUIRE(ids[i] >= 0, "embedding: negative token id " << ids[i] << " at " << i);
+    for_rows(n, dim, [&](int64_t i) {
+      fn(static_cast<const char*>(table) + static_cast<size_t>(ids[i]) * dim * es, dtype,
+         out + i * dim, dim);
+    });
+  }
+
+  void add(float* x, const float* y, int64_t n) override {
+    // Elementwise, so any split is invariant; 4096-float chunks keep tasks coarse.
+    const int64_t chunk = 4096;
+    const auto fn = k_.add;
+    if (n < kParallelMinWork) { fn(x, y, n); return; }
+    pool_.parallel_for(ceil_div(n, chunk), [&](int64_t c, int) {
+      const int64_t i0 = c * chunk;
+      fn(x + i0, y + i0, std::min(chunk, n - i0));
+    });
+  }
+
+ private:
+  // Runs f(row) for every row, spread over the pool in contiguous runs when there is enough work.
+  template <typename F>
+  void for_rows(int64_t rows, int64_t work_per_row, F&& f) {
+    if (rows <= 0) return;
+    if (rows == 1 || rows * work_per_row < kParallelMinWork || pool_.size() == 1) {
+      for (int64_t r = 0; r < rows; ++r) f(r);
+      return;
+    }
+    const int64_t tasks = std::min<int64_t>(rows, 4 * pool_.size());
+    pool_.parallel_for(tasks, [&](int64_t t, int) {
+      const int64_t r0 = rows * t / tasks, r1 = rows * (t + 1) / tasks;
+      for (int64_t r = r0; r < r1; ++r) f(r);
+    });
+  }
+
+  Isa isa_;
+  const KernelTable& k_;
+  ThreadPool pool_;
+};
+
+void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache,
+                           const void* v_cache, const KVLayout& L, const AttentionParams& p,
+                           int32_t num_q_heads, float scale, float* out) {
+  FANTAI_REQUIRE(L.num_kv_heads > 0 && L.head_dim > 0 && L.block_size > 0, "attention: bad KV layout");
+  FANTAI_REQUIRE(num_q_heads > 0 && num_q_heads % L.num_kv_heads == 0,
+                 "attention: num_q_heads " << num_q_heads << " not a multiple of num_kv_heads "
+                                           << L.num_kv_heads);
+  const int group = num_q_heads / L.num_kv_heads;
+  const int hd = L.head_dim;
+  // Query tiles of 16 rows share each K/V block while it is hot in L1.
+  constexpr int kQTile = 16;
+  std::vector<AttnItem> items;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q0 = p.cu_seqlens_q[s], qlen = p.cu_seqlens_q[s + 1] - q0, ctx = p.context_lens[s];
+    FANTAI_REQUIRE(qlen >= 0 && ctx >= qlen, "attention: sequence " << s << " has q_len " << qlen
+                                                                    << " > context_len " << ctx);
+    if (qlen == 0) continue;
+    const int32_t* bt = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
+    const int nblocks = static_cast<int>(ceil_div(ctx, L.block_size));
+    FANTAI_REQUIRE(nblocks <= p.max_blocks_per_seq, "attention: sequence " << s << " needs "
+                   << nblocks << " blocks > max_blocks_per_seq " << p.max_blocks_per_seq);
+    for (int b = 0; b < nblocks; ++b)
+      FANTAI_REQUIRE(bt[b] >= 0 && bt[b] < L.num_blocks, "attention: sequence " << s << " block "
+                     << b << " -> physical " << bt[b] << " out of range [0, " << L.num_blocks << ")");
+    for (int t0 = 0; t0 < qlen; t0 += kQTile)
+      for (int g = 0; g < L.num_kv_heads; ++g) {
+        AttnItem it;
+        it.q = q + static_cast<int64_t>(q0 + t0) * q_stride;
+        it.q_stride = q_stride;
+        it.out = out + static_cast<int64_t>(q0 + t0) * num_q_heads * hd;
+        it.out_stride = static_cast<int64_t>(num_q_heads) * hd;
+        it.k_cache = k_cache;
+        it.v_cache = v_cache;
+        it.kv_dtype = L.dtype;
+        it.block_size = L.block_size;
+        it.num_kv_heads = L.num_kv_heads;
+        it.head_dim = hd;
+        it.block_table = bt;
+        it.kv_head = g;
+        it.group = group;
+        it.num_q = std::min(kQTile, qlen - t0);
+        it.first_pos = ctx - qlen + t0;
+        it.scale = scale;
+        items.push_back(it);
+      }
+  }
+  if (items.empty()) return;
+  const int64_t need = attn_scratch_floats(kQTile, group, hd, L.block_size);
+  // Per-thread scratch, per call (a few KiB per thread), so concurrent calls share nothing.
+  const int64_t per = (need + 16 + 15) / 16 * 16;
+  std::vector<float> scratch(static_cast<size_t>(per * pool_.size() + 16));
+  const auto fn = k_.attention;
+  pool_.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int tid) {
+    // 64-byte align each thread's scratch (vector<float> only promises 16).
+    float* base = scratch.data() + per * tid;
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + 63) & ~uintptr_t{63};
+    fn(items[i], reinterpret_cast<float*>(a));
+  });
+}
+
+}  // namespace
+
+const KernelTable& kernels_for(Isa isa) {
+  FANTAI_REQUIRE(static_cast<int>(isa) <= static_cast<int>(detected_isa()),
+                 "cpu: ISA level " << isa_name(isa) << " is not supported by this CPU");
+  const KernelTable* t = isa == Isa::kAvx512 ? avx512_kernels()
+                         : isa == Isa::kAvx2 ? avx2_kernels()
+                                             : scalar_kernels();
+  FANTAI_REQUIRE(t != nullptr, "cpu: kernels for " << isa_name(isa) << " were not built");
+  return *t;
+}
+
+std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads) {
+  return std::make_shared<CpuBackend>(isa, num_threads <= 0 ? usable_cores() : num_threads);
+}
+
+std::shared_ptr<Backend> create_cpu_backend(int num_threads) {
+  return make_cpu_backend(active_isa(), num_threads);
+}
+
+const char* selected_isa() { return isa_name(active_isa()); }
+
+}  // namespace fantai::cpu

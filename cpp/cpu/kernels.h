@@ -1,0 +1,96 @@
+// cpu: the per-ISA kernel table, the attention work item, and the scalar reference (test oracle).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.h"
+#include "common/types.h"
+#include "cpu/cpu_features.h"
+
+namespace fantai::cpu {
+
+// One unit of attention work: a tile of consecutive query rows of one sequence, against one KV
+// head, for all query heads of that head's group. Results per (query row, head) do not depend on
+// the tile: keys are visited block by block in position order with an online softmax.
+struct AttnItem {
+  const float* q = nullptr;  // first query row of the tile; row i at q + i * q_stride
+  int64_t q_stride = 0;      // floats
+  float* out = nullptr;      // [num_q, out_stride]; head h at out + h * head_dim
+  int64_t out_stride = 0;
+  const void* k_cache = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim] in kv_dtype
+  const void* v_cache = nullptr;
+  DType kv_dtype = DType::kF32;
+  int32_t block_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  const int32_t* block_table = nullptr;  // this sequence's physical block ids
+  int32_t kv_head = 0;
+  int32_t group = 1;      // query heads per KV head; heads kv_head*group .. +group-1
+  int32_t num_q = 0;      // rows in the tile
+  int32_t first_pos = 0;  // position of row 0; row i sits at first_pos + i
+  float scale = 1.f;
+};
+
+// Floats of scratch attention() needs for one item.
+inline int64_t attn_scratch_floats(int32_t num_q, int32_t group, int32_t head_dim,
+                                   int32_t block_size) {
+  return static_cast<int64_t>(num_q) * group * (head_dim + 2) + block_size + 64;
+}
+
+// Row-level kernels; the backend splits work across threads and calls these per row / tile, so
+// each row's arithmetic is the same whatever the batch and thread count (batch invariance).
+struct KernelTable {
+  const char* name;
+  // y[r, j] = x[r, :] . w[j, :] (+ bias[j]) for r in [0, m), j in [j0, j1).
+  // x: [m, k]; w: [n, k] in wt; y: [m, ldy]. Every y element uses one fixed k-order.
+  void (*linear)(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m,
+                 int64_t ldy, int64_t k, int64_t j0, int64_t j1);
+  // One row each. out may alias x.
+  void (*rms_norm)(const float* x, const float* w, float* out, int64_t dim, float eps);
+  void (*add_rms_norm)(float* residual, const float* x, const float* w, float* out, int64_t dim,
+                       float eps);
+  // One token: x holds num_heads heads of head_dim at x + h * head_dim; cs: [head_dim] cos|sin.
+  void (*rope)(float* x, int32_t num_heads, int32_t head_dim, const float* cs);
+  // out[i] = silu(gate[i]) * up[i], i < n.
+  void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n);
+  void (*add)(float* x, const float* y, int64_t n);
+  void (*to_f32)(const void* src, DType st, float* dst, int64_t n);
+  // scratch: attn_scratch_floats(...) floats, 64-byte aligned.
+  void (*attention)(const AttnItem& item, float* scratch);
+};
+
+// nullptr where the file was not built for this target (non-x86).
+const KernelTable* scalar_kernels();
+const KernelTable* avx2_kernels();
+const KernelTable* avx512_kernels();
+// Table of a level; throws if the CPU cannot run it.
+const KernelTable& kernels_for(Isa isa);
+
+// The CPU backend on a given ISA level (tests and benches compare levels; the registry uses
+// active_isa()).
+std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads);
+
+// Slow, obvious implementations of every Backend op (double accumulation): the test oracle.
+namespace ref {
+void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m,
+            int64_t n, int64_t k);
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+              float eps);
+void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
+                  int64_t dim, float eps);
+void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
+          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+          const float* cos_sin);
+void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
+              int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout);
+void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+               const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
+               float* out);
+void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
+void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
+               float* out);
+void add(float* x, const float* y, int64_t n);
+}  // namespace ref
+
+}  // namespace fantai::cpu

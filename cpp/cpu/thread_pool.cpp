@@ -1,0 +1,98 @@
+// cpu: thread pool (spin-then-park workers, dynamic task counter, caller participates).
+#include "cpu/thread_pool.h"
+
+#include <chrono>
+
+namespace fantai::cpu {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Ops of one forward pass follow each other within microseconds, so a worker that just finished
+// spins this long before paying for a futex sleep and wake-up.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+thread_local bool t_in_pool_job = false;
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
+  workers_.reserve(num_threads_ - 1);
+  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(park_mu_);
+    stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_tasks(int thread_index) {
+  const bool was = t_in_pool_job;
+  t_in_pool_job = true;
+  for (;;) {
+    const int64_t t = next_task_.fetch_add(1, std::memory_order_relaxed);
+    if (t >= num_tasks_) break;
+    (*fn_)(t, thread_index);
+  }
+  t_in_pool_job = was;
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+    uint64_t g;
+    for (;;) {
+      g = generation_.load(std::memory_order_acquire);
+      if (g != seen) break;
+      if (std::chrono::steady_clock::now() > spin_until) {
+        std::unique_lock<std::mutex> lk(park_mu_);
+        cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        g = generation_.load(std::memory_order_acquire);
+        break;
+      }
+      cpu_relax();
+    }
+    seen = g;
+    if (stop_) return;  // stop_ is written before the generation bump that woke us
+    run_tasks(index);
+    busy_workers_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_t, int)>& fn) {
+  if (num_tasks <= 0) return;
+  std::unique_lock<std::mutex> run_lk(run_mu_, std::try_to_lock);
+  if (num_threads_ == 1 || num_tasks == 1 || t_in_pool_job || !run_lk.owns_lock()) {
+    for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
+    return;
+  }
+  fn_ = &fn;
+  num_tasks_ = num_tasks;
+  next_task_.store(0, std::memory_order_relaxed);
+  busy_workers_.store(num_threads_ - 1, std::memory_order_relaxed);
+  {
+    // Bumping under park_mu_ means a worker between its predicate check and wait() cannot miss it.
+    std::lock_guard<std::mutex> lk(park_mu_);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  cv_.notify_all();
+  run_tasks(0);
+  // Every worker must leave run_tasks before fn_ (on our stack frame's caller) goes away.
+  for (int spins = 0; busy_workers_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < 4096) cpu_relax();
+    else std::this_thread::yield();  // oversubscribed: let a descheduled worker finish
+  }
+  fn_ = nullptr;
+}
+
+}  // namespace fantai::cpu

@@ -1,0 +1,437 @@
+// tests: CPU backend ops on every ISA level this machine runs, against the scalar reference
+// (cpu/kernels_ref.cpp), plus the bitwise batch-invariance guarantees.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/check.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
+
+namespace fantai::cpu {
+namespace {
+
+std::vector<Isa> levels() {
+  std::vector<Isa> v;
+  for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) v.push_back(static_cast<Isa>(i));
+  return v;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// f32 values rounded to a 16-bit dtype t (bf16 or f16 only).
+std::vector<uint16_t> to_half(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> h(v.size());
+  convert_from_f32(v.data(), h.data(), t, v.size());
+  return h;
+}
+
+// |got - want| <= atol + rtol * |scale| elementwise (scale defaults to want).
+void expect_close(const float* got, const float* want, size_t n, float rtol, float atol,
+                  const float* scale = nullptr, const char* what = "") {
+  int bad = 0;
+  for (size_t i = 0; i < n && bad < 5; ++i) {
+    const float s = std::fabs(scale ? scale[i] : want[i]);
+    if (!(std::fabs(got[i] - want[i]) <= atol + rtol * s)) {
+      ADD_FAILURE() << what << " element " << i << ": got " << got[i] << " want " << want[i];
+      ++bad;
+    }
+  }
+}
+
+bool bitwise_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; }
+
+class Kernels : public ::testing::TestWithParam<Isa> {
+ protected:
+  std::shared_ptr<Backend> be(int threads) { return make_cpu_backend(GetParam(), threads); }
+};
+
+// ---- linear ------------------------------------------------------------------------------------
+
+struct LinShape { int64_t m, n, k; };
+
+void check_linear(Backend& b, LinShape s, DType wt, bool with_bias, uint32_t seed) {
+  auto x = randn(s.m * s.k, seed), wf = randn(s.n * s.k, seed + 1), bias = randn(s.n, seed + 2);
+  std::vector<uint16_t> wh;
+  const void* w = wf.data();
+  if (wt != DType::kF32) {
+    wh = to_half(wf, wt);
+    convert_to_f32(wh.data(), wt, wf.data(), wf.size());  // the values the kernel actually sees
+    w = wh.data();
+  }
+  std::vector<float> y(s.m * s.n), want(s.m * s.n), absx(x.size()), absw(wf.size()), mag(y.size());
+  b.linear(x.data(), w, wt, with_bias ? bias.data() : nullptr, y.data(), s.m, s.n, s.k);
+  ref::linear(x.data(), w, wt, with_bias ? bias.data() : nullptr, want.data(), s.m, s.n, s.k);
+  for (size_t i = 0; i < x.size(); ++i) absx[i] = std::fabs(x[i]);
+  for (size_t i = 0; i < wf.size(); ++i) absw[i] = std::fabs(wf[i]);
+  ref::linear(absx.data(), absw.data(), DType::kF32, nullptr, mag.data(), s.m, s.n, s.k);
+  // f32 accumulation vs double: relative to sum |x*w| (the cancellation-free magnitude).
+  expect_close(y.data(), want.data(), y.size(), 1e-5f, 1e-6f, mag.data(), "linear");
+}
+
+TEST_P(Kernels, LinearMatchesReference) {
+  const LinShape shapes[] = {{1, 1, 1},  {1, 37, 100}, {3, 5, 17},   {5, 33, 576},
+                             {37, 70, 129}, {67, 19, 31}, {130, 40, 64}, {2, 9, 15}};
+  uint32_t seed = 1;
+  for (int threads : {1, 2})
+    for (DType wt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (const auto& s : shapes)
+        for (bool bias : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "m=" << s.m << " n=" << s.n << " k=" << s.k << " "
+                                            << dtype_name(wt) << " bias=" << bias << " t=" << threads);
+          auto b = be(threads);
+          check_linear(*b, s, wt, bias, seed++);
+        }
+}
+
+TEST_P(Kernels, LinearBatchInvariant) {
+  const int64_t M = 37, n = 200, k = 333;
+  for (DType wt : {DType::kF32, DType::kBF16}) {
+    auto x = randn(M * k, 7), wf = randn(n * k, 8), bias = randn(n, 9);
+    auto wh = to_half(wf, DType::kBF16);
+    const void* w = wt == DType::kF32 ? static_cast<const void*>(wf.data()) : wh.data();
+    std::vector<float> full(M * n), part(M * n), one(n);
+    be(2)->linear(x.data(), w, wt, bias.data(), full.data(), M, n, k);
+    be(1)->linear(x.data(), w, wt, bias.data(), part.data(), M, n, k);
+    EXPECT_TRUE(bitwise_equal(full.data(), part.data(), full.size())) << "1 vs 2 threads";
+    auto b1 = be(1);
+    for (int64_t r = 0; r < M; ++r) {
+      b1->linear(x.data() + r * k, w, wt, bias.data(), one.data(), 1, n, k);
+      ASSERT_TRUE(bitwise_equal(one.data(), full.data() + r * n, n)) << "row " << r << " m=1 vs m=37";
+    }
+    // Rows 5..13 as their own batch (different tile positions for every row).
+    std::vector<float> mid(9 * n);
+    be(2)->linear(x.data() + 5 * k, w, wt, bias.data(), mid.data(), 9, n, k);
+    EXPECT_TRUE(bitwise_equal(mid.data(), full.data() + 5 * n, mid.size())) << "m=9 slice";
+  }
+}
+
+// ---- norms, rope, silu, embedding, add ---------------------------------------------------------
+
+TEST_P(Kernels, RmsNormAndAddRmsNorm) {
+  for (int64_t dim : {1, 15, 100, 576}) {
+    for (int64_t rows : {1, 7, 300}) {
+      auto x = randn(rows * dim, 11), w = randn(dim, 12), res = randn(rows * dim, 13);
+      std::vector<float> out(x.size()), want(x.size());
+      auto b = be(2);
+      b->rms_norm(x.data(), w.data(), out.data(), rows, dim, 1e-6f);
+      ref::rms_norm(x.data(), w.data(), want.data(), rows, dim, 1e-6f);
+      expect_close(out.data(), want.data(), out.size(), 2e-5f, 1e-6f, nullptr, "rms_norm");
+      auto inplace = x;  // out aliases x
+      b->rms_norm(inplace.data(), w.data(), inplace.data(), rows, dim, 1e-6f);
+      EXPECT_TRUE(bitwise_equal(inplace.data(), out.data(), out.size()));
+
+      auto r1 = res, r2 = res;
+      b->add_rms_norm(r1.data(), x.data(), w.data(), out.data(), rows, dim, 1e-5f);
+      ref::add_rms_norm(r2.data(), x.data(), w.data(), want.data(), rows, dim, 1e-5f);
+      EXPECT_TRUE(bitwise_equal(r1.data(), r2.data(), r1.size())) << "residual sum";
+      expect_close(out.data(), want.data(), out.size(), 2e-5f, 1e-6f, nullptr, "add_rms_norm");
+    }
+  }
+}
+
+TEST_P(Kernels, Rope) {
+  for (int hd : {64, 32, 8, 6}) {
+    const int nq = 9, nkv = 3, T = 13, max_pos = 50;
+    const int64_t stride = (nq + 2 * nkv) * hd + 5;  // fused qkv row with padding
+    auto qkv = randn(T * stride, 21);
+    std::vector<float> cs(max_pos * hd);
+    for (int p = 0; p < max_pos; ++p)
+      for (int i = 0; i < hd / 2; ++i) {
+        const double f = p * std::pow(10000.0, -2.0 * i / hd);
+        cs[p * hd + i] = static_cast<float>(std::cos(f));
+        cs[p * hd + hd / 2 + i] = static_cast<float>(std::sin(f));
+      }
+    std::vector<int32_t> pos(T);
+    for (int t = 0; t < T; ++t) pos[t] = (t * 7 + 3) % max_pos;
+    auto got = qkv, want = qkv;
+    be(2)->rope(got.data(), stride, got.data() + nq * hd, stride, pos.data(), T, nq, nkv, hd, cs.data());
+    ref::rope(want.data(), stride, want.data() + nq * hd, stride, pos.data(), T, nq, nkv, hd, cs.data());
+    expect_close(got.data(), want.data(), got.size(), 1e-6f, 1e-6f, nullptr, "rope");
+  }
+}
+
+TEST_P(Kernels, SiluMul) {
+  for (int64_t inter : {1, 17, 1536}) {
+    const int64_t rows = 5;
+    auto gu = randn(rows * 2 * inter, 31, 3.f);
+    gu[0] = -100.f;  // deep in the exp clamp
+    std::vector<float> out(rows * inter), want(rows * inter);
+    be(2)->silu_mul(gu.data(), out.data(), rows, inter);
+    ref::silu_mul(gu.data(), want.data(), rows, inter);
+    expect_close(out.data(), want.data(), out.size(), 1e-5f, 1e-6f, nullptr, "silu_mul");
+  }
+}
+
+TEST_P(Kernels, EmbeddingAndAdd) {
+  const int64_t vocab = 50, dim = 37;
+  auto tf = randn(vocab * dim, 41);
+  std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const auto th = dt == DType::kF32 ? std::vector<uint16_t>() : to_half(tf, dt);
+    const void* t = dt == DType::kF32 ? static_cast<const void*>(tf.data()) : th.data();
+    std::vector<float> out(ids.size() * dim), want(out.size());
+    be(2)->embedding(ids.data(), ids.size(), t, dt, dim, out.data());
+    ref::embedding(ids.data(), ids.size(), t, dt, dim, want.data());
+    EXPECT_TRUE(bitwise_equal(out.data(), want.data(), out.size())) << dtype_name(dt);
+  }
+  std::vector<int32_t> bad = {1, -1};
+  std::vector<float> out(2 * dim);
+  EXPECT_THROW(be(1)->embedding(bad.data(), 2, tf.data(), DType::kF32, dim, out.data()), InvalidArgument);
+  for (int64_t n : {1, 17, 100003}) {
+    auto x = randn(n, 51), y = randn(n, 52), want = x;
+    be(2)->add(x.data(), y.data(), n);
+    ref::add(want.data(), y.data(), n);
+    EXPECT_TRUE(bitwise_equal(x.data(), want.data(), n));
+  }
+}
+
+// ---- KV cache and attention --------------------------------------------------------------------
+
+struct AttnCase {
+  int head_dim, group, num_kv_heads, block_size;
+  DType kv;
+};
+
+// A mixed batch: a fresh prefill, a decode deep in its context, a chunked-prefill continuation
+// spanning blocks, a first-token decode.
+struct Batch {
+  std::vector<int32_t> qlen = {20, 1, 7, 1}, ctx = {20, 37, 40, 1};
+};
+
+struct AttnFixture {
+  AttnCase c;
+  KVLayout L;
+  int nq_heads, max_blocks = 8;
+  std::vector<uint8_t> kc, vc;
+  std::vector<int32_t> tables;  // [num_seqs, max_blocks]
+  std::vector<int32_t> ctx;
+
+  AttnFixture(AttnCase cc, const std::vector<int32_t>& contexts, uint32_t seed) : c(cc), ctx(contexts) {
+    nq_heads = c.group * c.num_kv_heads;
+    L.block_size = c.block_size;
+    L.num_kv_heads = c.num_kv_heads;
+    L.head_dim = c.head_dim;
+    L.dtype = c.kv;
+    const int ns = static_cast<int>(ctx.size());
+    max_blocks = 0;
+    for (int x : ctx) max_blocks = std::max(max_blocks, (x + c.block_size - 1) / c.block_size);
+    L.num_blocks = ns * max_blocks + 3;
+    const size_t bytes = static_cast<size_t>(L.num_blocks) * c.num_kv_heads * c.block_size *
+                         c.head_dim * dtype_size(c.kv);
+    kc.assign(bytes, 0);
+    vc.assign(bytes, 0);
+    // Physical blocks shuffled so logical order != physical order.
+    std::vector<int32_t> phys(L.num_blocks);
+    std::iota(phys.begin(), phys.end(), 0);
+    std::shuffle(phys.begin(), phys.end(), std::mt19937(seed));
+    tables.assign(ns * max_blocks, -1);
+    int next = 0;
+    for (int s = 0; s < ns; ++s)
+      for (int b = 0; b < (ctx[s] + c.block_size - 1) / c.block_size; ++b) tables[s * max_blocks + b] = phys[next++];
+    // Fill every sequence's KV with the reference store (one token per slot, plus a skipped one).
+    const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+    for (int s = 0; s < ns; ++s) {
+      auto k = randn(ctx[s] * row, seed + 100 + s), v = randn(ctx[s] * row, seed + 200 + s);
+      std::vector<int64_t> slots(ctx[s]);
+      for (int t = 0; t < ctx[s]; ++t)
+        slots[t] = static_cast<int64_t>(tables[s * max_blocks + t / c.block_size]) * c.block_size + t % c.block_size;
+      ref::store_kv(k.data(), v.data(), row, slots.data(), ctx[s], kc.data(), vc.data(), L);
+    }
+  }
+
+  AttentionParams params(const std::vector<int32_t>& qlen, std::vector<int32_t>& cu) const {
+    AttentionParams p;
+    p.num_seqs = static_cast<int32_t>(qlen.size());
+    cu.assign(qlen.size() + 1, 0);
+    for (size_t s = 0; s < qlen.size(); ++s) cu[s + 1] = cu[s] + qlen[s];
+    p.num_tokens = cu.back();
+    p.cu_seqlens_q = cu.data();
+    p.context_lens = ctx.data();
+    p.block_tables = tables.data();
+    p.max_blocks_per_seq = max_blocks;
+    return p;
+  }
+};
+
+TEST_P(Kernels, StoreKvMatchesReference) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    KVLayout L{6, 8, 3, 32, dt};
+    const int T = 11;
+    const int64_t stride = 3 * 32 * 3 + 4;
+    auto kv = randn(T * stride, 61);
+    std::vector<int64_t> slots = {0, 5, -1, 47, 8, 9, 23, -1, 30, 31, 16};
+    const size_t bytes = 6 * 3 * 8 * 32 * dtype_size(dt);
+    std::vector<uint8_t> k1(bytes, 0), v1(bytes, 0), k2(bytes, 0), v2(bytes, 0);
+    be(2)->store_kv(kv.data(), kv.data() + 96, stride, slots.data(), T, k1.data(), v1.data(), L);
+    ref::store_kv(kv.data(), kv.data() + 96, stride, slots.data(), T, k2.data(), v2.data(), L);
+    EXPECT_EQ(k1, k2) << dtype_name(dt);
+    EXPECT_EQ(v1, v2) << dtype_name(dt);
+  }
+  KVLayout L{2, 8, 1, 8, DType::kF32};
+  std::vector<float> kv(8), cache(2 * 8 * 8);
+  int64_t slot = 16;  // one past the end
+  EXPECT_THROW(be(1)->store_kv(kv.data(), kv.data(), 8, &slot, 1, cache.data(), cache.data(), L),
+               InvalidArgument);
+}
+
+std::vector<AttnCase> attn_cases() {
+  return {{64, 1, 2, 16, DType::kF32}, {64, 3, 3, 16, DType::kF32}, {32, 4, 2, 8, DType::kF32},
+          {32, 3, 1, 8, DType::kBF16}, {64, 4, 1, 16, DType::kF16}, {40, 1, 1, 8, DType::kF32}};
+}
+
+TEST_P(Kernels, AttentionMatchesReference) {
+  Batch B;
+  for (const auto& c : attn_cases()) {
+    SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " kvh="
+                                      << c.num_kv_heads << " bs=" << c.block_size << " " << dtype_name(c.kv));
+    AttnFixture f(c, B.ctx, 71);
+    std::vector<int32_t> cu;
+    const auto p = f.params(B.qlen, cu);
+    const int64_t q_stride = static_cast<int64_t>(f.nq_heads) * c.head_dim + 3;
+    auto q = randn(p.num_tokens * q_stride, 81);
+    const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> out(p.num_tokens * f.nq_heads * c.head_dim), want(out.size());
+    be(2)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, out.data());
+    ref::attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, want.data());
+    expect_close(out.data(), want.data(), out.size(), 1e-5f, 2e-6f, nullptr, "attention");
+  }
+}
+
+TEST_P(Kernels, AttentionBatchInvariant) {
+  Batch B;
+  for (const auto& c : attn_cases()) {
+    SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size);
+    AttnFixture f(c, B.ctx, 91);
+    std::vector<int32_t> cu;
+    const auto p = f.params(B.qlen, cu);
+    const int64_t q_stride = static_cast<int64_t>(f.nq_heads) * c.head_dim;
+    const int64_t orow = q_stride;
+    auto q = randn(p.num_tokens * q_stride, 92);
+    const float scale = 0.125f;
+    std::vector<float> full(p.num_tokens * orow), one(full.size());
+    be(2)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, full.data());
+    be(1)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, one.data());
+    EXPECT_TRUE(bitwise_equal(full.data(), one.data(), full.size())) << "1 vs 2 threads";
+
+    // Every query row of sequence 0 (a 20-token prefill) recomputed alone as a decode with the
+    // context cut at its position: must be bitwise the row of the batched call.
+    auto b1 = be(1);
+    for (int j = 0; j < B.qlen[0]; ++j) {
+      std::vector<int32_t> ctx1 = {j + 1};
+      AttentionParams p1 = p;
+      std::vector<int32_t> cu1 = {0, 1};
+      p1.num_seqs = 1;
+      p1.num_tokens = 1;
+      p1.cu_seqlens_q = cu1.data();
+      p1.context_lens = ctx1.data();
+      p1.block_tables = f.tables.data();  // sequence 0's row
+      std::vector<float> o(orow);
+      b1->attention(q.data() + j * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o.data());
+      ASSERT_TRUE(bitwise_equal(o.data(), full.data() + j * orow, orow)) << "prefill row " << j << " as decode";
+    }
+    // Sequence 0 as two prefill chunks (13 then 7 tokens).
+    for (int split : {13, 4}) {
+      std::vector<int32_t> ctx1 = {split};
+      std::vector<int32_t> cu1 = {0, split};
+      AttentionParams p1 = p;
+      p1.num_seqs = 1;
+      p1.num_tokens = split;
+      p1.cu_seqlens_q = cu1.data();
+      p1.context_lens = ctx1.data();
+      std::vector<float> o(split * orow);
+      b1->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o.data());
+      EXPECT_TRUE(bitwise_equal(o.data(), full.data(), o.size())) << "first chunk " << split;
+      std::vector<int32_t> ctx2 = {20};
+      std::vector<int32_t> cu2 = {0, 20 - split};
+      p1.num_tokens = 20 - split;
+      p1.cu_seqlens_q = cu2.data();
+      p1.context_lens = ctx2.data();
+      std::vector<float> o2((20 - split) * orow);
+      b1->attention(q.data() + split * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o2.data());
+      EXPECT_TRUE(bitwise_equal(o2.data(), full.data() + split * orow, o2.size())) << "second chunk " << split;
+    }
+    // The decode of sequence 1 alone equals its row in the mixed batch.
+    {
+      std::vector<int32_t> ctx1 = {B.ctx[1]}, cu1 = {0, 1};
+      AttentionParams p1 = p;
+      p1.num_seqs = 1;
+      p1.num_tokens = 1;
+      p1.cu_seqlens_q = cu1.data();
+      p1.context_lens = ctx1.data();
+      p1.block_tables = f.tables.data() + f.max_blocks;
+      std::vector<float> o(orow);
+      b1->attention(q.data() + cu[1] * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o.data());
+      EXPECT_TRUE(bitwise_equal(o.data(), full.data() + cu[1] * orow, orow)) << "decode alone";
+    }
+  }
+}
+
+TEST_P(Kernels, AttentionRejectsBadInput) {
+  AttnFixture f({32, 2, 2, 8, DType::kF32}, {9}, 5);  // 4 query heads over 2 KV heads
+  std::vector<int32_t> cu;
+  auto p = f.params({10}, cu);  // q_len 10 > context 9
+  std::vector<float> q(10 * 128), out(10 * 128);
+  EXPECT_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 4, 1.f, out.data()),
+               InvalidArgument);
+  p = f.params({1}, cu);
+  EXPECT_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 3, 1.f, out.data()),
+               InvalidArgument);  // 3 query heads cannot share 2 KV heads
+  f.tables[0] = f.L.num_blocks;  // block id past the pool
+  p = f.params({1}, cu);
+  EXPECT_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 4, 1.f, out.data()),
+               InvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Kernels, ::testing::ValuesIn(levels()),
+                         [](const ::testing::TestParamInfo<Isa>& i) { return std::string(isa_name(i.param)); });
+
+// ---- infrastructure ----------------------------------------------------------------------------
+
+TEST(CpuBackend, AllocAlignedAndFactory) {
+  auto b = create_cpu_backend(0);
+  EXPECT_EQ(b->name(), "cpu");
+  EXPECT_GE(b->num_threads(), 1);
+  for (size_t n : {1, 63, 64, 1000}) {
+    void* p = b->alloc(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    b->fill_zero(p, n);
+    b->free(p);
+  }
+  Isa isa;
+  EXPECT_TRUE(parse_isa("avx2", &isa));
+  EXPECT_EQ(isa, Isa::kAvx2);
+  EXPECT_FALSE(parse_isa("sse9", &isa));
+  EXPECT_LE(static_cast<int>(active_isa()), static_cast<int>(detected_isa()));
+  EXPECT_STREQ(selected_isa(), isa_name(active_isa()));
+}
+
+TEST(ThreadPool, RunsEveryTaskOnceAndNests) {
+  ThreadPool pool(3);
+  for (int rep = 0; rep < 200; ++rep) {
+    std::vector<std::atomic<int>> hits(97);
+    pool.parallel_for(97, [&](int64_t t, int tid) {
+      ASSERT_LT(tid, 3);
+      hits[t].fetch_add(1);
+      if (t == 5) pool.parallel_for(4, [&](int64_t, int) {});  // nested: runs inline
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace fantai::cpu

@@ -27,8 +27,8 @@ int64_t default_kv_cache_bytes() {
   while (f >> key >> kb >> unit) {
     if (key == "MemAvailable:") avail_kb = kb;
   }
-  int64_t bytes = avail_kb > 0 ? avail_kb * 1024 * 3 / 10 : (int64_t{1} << 30);
-  return std::min<int64_t>(bytes, int64_t{8} << 30);
+  int64_t bytes = avail_kb > 0 ? avail_kb * 1024 / 4 : (int64_t{1} << 30);
+  return std::min<int64_t>(bytes, int64_t{4} << 30);
 }
 
 Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)

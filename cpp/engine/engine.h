@@ -95,8 +95,8 @@ class Engine {
   EngineStats counters_;
 };
 
-// Bytes for the KV pool when none is given: 30% of MemAvailable, capped at 8 GiB, so the
-// machine stays usable (PagedAttention needs no over-reservation).
+// Bytes for the KV pool when none is given: 25% of MemAvailable, capped at 4 GiB, so the
+// machine stays usable (PagedAttention needs no over-reservation; pages are touched lazily).
 int64_t default_kv_cache_bytes();
 
 }  // namespace fantai::engine

@@ -17,7 +17,9 @@ KVCache::KVCache(const ModelConfig& c, int32_t num_blocks, int32_t block_size, D
   layout_ = KVLayout{num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype};
   layer_bytes_ = static_cast<size_t>(num_blocks) * c.num_kv_heads * block_size * c.head_dim *
                  dtype_size(dtype);
-  buffer_ = Buffer(backend, layer_bytes_ * 2 * c.num_layers);
+  // Not zeroed: attention reads only slots written this or an earlier step, and untouched pages
+  // cost no resident memory.
+  buffer_ = Buffer(backend, layer_bytes_ * 2 * c.num_layers, /*zero=*/false);
 }
 
 }  // namespace fantai::model

@@ -10,9 +10,9 @@
 
 namespace fantai::model {
 
-Buffer::Buffer(Backend* backend, size_t bytes) : backend_(backend), bytes_(bytes) {
+Buffer::Buffer(Backend* backend, size_t bytes, bool zero) : backend_(backend), bytes_(bytes) {
   data_ = backend_->alloc(bytes);
-  backend_->fill_zero(data_, bytes);
+  if (zero) backend_->fill_zero(data_, bytes);
 }
 Buffer::~Buffer() {
   if (data_) backend_->free(data_);

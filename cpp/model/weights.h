@@ -15,7 +15,8 @@ namespace fantai::model {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Backend* backend, size_t bytes);
+  // zero=false leaves the pages untouched (the OS maps them lazily): the KV pool relies on it.
+  Buffer(Backend* backend, size_t bytes, bool zero = true);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

@@ -64,6 +64,17 @@ class Scheduler {
 
  private:
   void preempt(Request* request, ScheduledBatch& batch);
+  // Helpers of schedule(); each keeps queues, tables and batch counters consistent.
+  void schedule_running(ScheduledBatch& batch);
+  void admit_waiting(ScheduledBatch& batch);
+  bool grow_or_preempt(Request* request, int32_t num_tokens, ScheduledBatch& batch);
+  void finish_out_of_blocks(Request* request, ScheduledBatch& batch);
+  void add_to_batch(Request* request, int32_t num_new_tokens, ScheduledBatch& batch) const;
+  void remove_from_batch(Request* request, ScheduledBatch& batch) const;
+  bool remove_from_queues(Request* request);
+  int32_t budget_left(const ScheduledBatch& batch) const {
+    return config_.max_num_batched_tokens - batch.num_tokens;
+  }
 
   SchedulerConfig config_;
   BlockManager* blocks_;

@@ -1,0 +1,212 @@
+// engine: iteration-level (continuous) batching with chunked prefill and preemption by recompute.
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/check.h"
+
+namespace fantai::engine {
+namespace {
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// A chunk that starts past the prompt only (re)computes generated tokens: counted as decode.
+bool is_decode(const ScheduledSeq& s) {
+  return s.start >= static_cast<int32_t>(s.request->prompt.size());
+}
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerConfig config, BlockManager* blocks) : config_(config), blocks_(blocks) {
+  FANTAI_REQUIRE(blocks_ != nullptr, "Scheduler needs a BlockManager");
+  FANTAI_REQUIRE(config_.max_num_seqs >= 1, "max_num_seqs must be >= 1, got " << config_.max_num_seqs);
+  FANTAI_REQUIRE(config_.max_num_batched_tokens >= 1,
+                 "max_num_batched_tokens must be >= 1, got " << config_.max_num_batched_tokens);
+}
+
+void Scheduler::add(Request* request) {
+  FANTAI_REQUIRE(request != nullptr, "Scheduler::add: null request");
+  // An empty prompt would give a zero-token chunk, which no step can make progress on.
+  FANTAI_REQUIRE(!request->prompt.empty(), "request " << request->id << " has an empty prompt");
+  FANTAI_CHECK(request->block_table.blocks.empty() && request->num_computed_tokens == 0,
+               "request " << request->id << " is added with cache state");
+  request->status = RequestStatus::kWaiting;
+  request->finish_reason = FinishReason::kNone;
+  waiting_.push_back(request);
+}
+
+ScheduledBatch Scheduler::schedule() {
+  ScheduledBatch batch;
+  schedule_running(batch);
+  // A preemption means the pool is already too tight for the running set: admitting now would
+  // only evict the newcomer (or a victim) again next step.
+  if (batch.preempted.empty()) admit_waiting(batch);
+  // Running order already puts decodes first in practice; the partition makes it a guarantee.
+  std::stable_partition(batch.seqs.begin(), batch.seqs.end(), is_decode);
+  return batch;
+}
+
+// Step (1): every running request, in admission order, gets its next tokens while budget lasts.
+void Scheduler::schedule_running(ScheduledBatch& batch) {
+  size_t i = 0;
+  while (i < running_.size()) {
+    Request* r = running_[i];
+    const int32_t want = r->num_tokens() - r->num_computed_tokens;
+    if (want <= 0) {  // nothing new to feed (the engine has not appended a token): skip it
+      ++i;
+      continue;
+    }
+    const int32_t n = std::min(want, budget_left(batch));
+    if (n <= 0) break;
+    // On failure r itself left running_ (preempted or finished); it was the back, so the loop
+    // ends without skipping anyone.
+    if (!grow_or_preempt(r, r->num_computed_tokens + n, batch)) continue;
+    add_to_batch(r, n, batch);
+    ++i;
+  }
+}
+
+// Allocates slots for `num_tokens` tokens of running `request`, preempting the most recently
+// admitted running requests until it fits. False when `request` itself had to leave running_.
+bool Scheduler::grow_or_preempt(Request* request, int32_t num_tokens, ScheduledBatch& batch) {
+  while (!blocks_->allocate(request->block_table, num_tokens)) {
+    Request* victim = running_.back();
+    if (victim != request) {
+      preempt(victim, batch);
+      continue;
+    }
+    // Alone it still does not fit: the pool is smaller than this sequence, so waiting cannot
+    // help; finishing it is the only way to keep the engine from spinning.
+    if (running_.size() == 1) {
+      finish_out_of_blocks(request, batch);
+    } else {
+      preempt(request, batch);
+    }
+    return false;
+  }
+  return true;
+}
+
+// Step (2): FCFS admission from the head of the waiting queue; never skips ahead.
+void Scheduler::admit_waiting(ScheduledBatch& batch) {
+  while (!waiting_.empty() && budget_left(batch) > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_.front();
+    const int32_t remaining = r->num_tokens() - r->num_computed_tokens;
+    const int32_t n = std::min(remaining, budget_left(batch));
+    // Without chunked prefill the remainder must fit whole, unless it is longer than any budget
+    // (a long prompt or a preempted sequence that outgrew it): waiting would then never end.
+    if (!config_.enable_chunked_prefill && n < remaining &&
+        remaining <= config_.max_num_batched_tokens) {
+      break;
+    }
+    if (!blocks_->allocate(r->block_table, r->num_computed_tokens + n)) {
+      if (!running_.empty()) break;  // blocks come back as running requests finish
+      // Nothing holds blocks that could come back and the full budget was offered: this
+      // sequence can never start, so finish it rather than block the queue forever.
+      waiting_.pop_front();
+      finish_out_of_blocks(r, batch);
+      continue;
+    }
+    waiting_.pop_front();
+    running_.push_back(r);
+    r->status = RequestStatus::kRunning;
+    if (r->first_scheduled_time < 0.0) r->first_scheduled_time = now_seconds();
+    add_to_batch(r, n, batch);
+  }
+}
+
+void Scheduler::add_to_batch(Request* request, int32_t num_new_tokens, ScheduledBatch& batch) const {
+  ScheduledSeq s;
+  s.request = request;
+  s.start = request->num_computed_tokens;
+  s.num_new_tokens = num_new_tokens;
+  s.sample = s.start + num_new_tokens == request->num_tokens();
+  batch.seqs.push_back(s);
+  batch.num_tokens += num_new_tokens;
+  (is_decode(s) ? batch.num_decode_tokens : batch.num_prefill_tokens) += num_new_tokens;
+}
+
+// Drops `request` from this step's batch (if scheduled) and gives its tokens back to the budget.
+void Scheduler::remove_from_batch(Request* request, ScheduledBatch& batch) const {
+  auto it = std::find_if(batch.seqs.begin(), batch.seqs.end(),
+                         [request](const ScheduledSeq& s) { return s.request == request; });
+  if (it == batch.seqs.end()) return;
+  batch.num_tokens -= it->num_new_tokens;
+  (is_decode(*it) ? batch.num_decode_tokens : batch.num_prefill_tokens) -= it->num_new_tokens;
+  batch.seqs.erase(it);
+}
+
+void Scheduler::preempt(Request* request, ScheduledBatch& batch) {
+  remove_from_queues(request);
+  remove_from_batch(request, batch);
+  blocks_->free(request->block_table);
+  // Recompute, not swap: the prompt and the generated tokens are kept and re-prefilled later.
+  request->num_computed_tokens = 0;
+  request->status = RequestStatus::kWaiting;
+  ++request->num_preemptions;
+  ++num_preemptions_;
+  // Victims go back-first, so pushing each to the front leaves the earliest admitted first.
+  waiting_.push_front(request);
+  batch.preempted.push_back(request);
+}
+
+void Scheduler::finish_out_of_blocks(Request* request, ScheduledBatch& batch) {
+  remove_from_queues(request);
+  remove_from_batch(request, batch);
+  blocks_->free(request->block_table);
+  request->status = RequestStatus::kFinished;
+  request->finish_reason = FinishReason::kLength;
+  batch.finished_out_of_blocks.push_back(request);
+}
+
+bool Scheduler::remove_from_queues(Request* request) {
+  auto r = std::find(running_.begin(), running_.end(), request);
+  if (r != running_.end()) {
+    running_.erase(r);  // erase, not swap: running_ order is the preemption order
+    return true;
+  }
+  auto w = std::find(waiting_.begin(), waiting_.end(), request);
+  if (w != waiting_.end()) {
+    waiting_.erase(w);
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::on_step_done(const ScheduledBatch& batch) {
+  for (const ScheduledSeq& s : batch.seqs) {
+    Request* r = s.request;
+    if (r->finished()) continue;  // aborted or finished between schedule() and now
+    FANTAI_CHECK(r->num_computed_tokens == s.start,
+                 "request " << r->id << " computed " << r->num_computed_tokens << " tokens, chunk starts at "
+                            << s.start);
+    r->num_computed_tokens += s.num_new_tokens;
+    FANTAI_CHECK(r->block_table.num_tokens == r->num_computed_tokens,
+                 "request " << r->id << " table holds " << r->block_table.num_tokens << " slots for "
+                            << r->num_computed_tokens << " computed tokens");
+  }
+}
+
+void Scheduler::finish(Request* request, FinishReason reason) {
+  FANTAI_CHECK(request != nullptr, "Scheduler::finish: null request");
+  if (request->finished()) return;  // e.g. already finished out of blocks: keep the first reason
+  remove_from_queues(request);
+  blocks_->free(request->block_table);
+  request->status = RequestStatus::kFinished;
+  request->finish_reason = reason;
+}
+
+bool Scheduler::abort(Request* request) {
+  if (request == nullptr || !remove_from_queues(request)) return false;
+  blocks_->free(request->block_table);
+  request->status = RequestStatus::kFinished;
+  request->finish_reason = FinishReason::kAbort;
+  return true;
+}
+
+}  // namespace fantai::engine

@@ -1,0 +1,330 @@
+// engine: unit tests of the paged KV block pool (allocation, exhaustion, forks, invariants).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "common/check.h"
+#include "engine/block_manager.h"
+
+namespace fantai::engine {
+namespace {
+
+std::vector<const BlockTable*> tables(std::initializer_list<const BlockTable*> l) { return l; }
+
+// Every block id in `t` is distinct and in range.
+void expect_valid_ids(const BlockManager& bm, const BlockTable& t) {
+  std::set<int32_t> ids(t.blocks.begin(), t.blocks.end());
+  EXPECT_EQ(ids.size(), t.blocks.size());
+  for (int32_t b : t.blocks) {
+    EXPECT_GE(b, 0);
+    EXPECT_LT(b, bm.num_blocks());
+  }
+}
+
+TEST(BlockManager, ConstructorValidates) {
+  EXPECT_THROW(BlockManager(-1, 16), InvalidArgument);
+  EXPECT_THROW(BlockManager(4, 0), InvalidArgument);
+  EXPECT_NO_THROW(BlockManager(0, 1));
+}
+
+TEST(BlockManager, FreshPoolIsAllFree) {
+  BlockManager bm(8, 16);
+  EXPECT_EQ(bm.num_blocks(), 8);
+  EXPECT_EQ(bm.block_size(), 16);
+  EXPECT_EQ(bm.num_free_blocks(), 8);
+  EXPECT_EQ(bm.num_used_blocks(), 0);
+  EXPECT_EQ(bm.used_slots(), 0);
+  EXPECT_EQ(bm.allocated_slots(), 0);
+  for (int32_t b = 0; b < 8; ++b) EXPECT_EQ(bm.ref_count(b), 0);
+  EXPECT_NO_THROW(bm.check_invariants({}));
+}
+
+TEST(BlockManager, BlocksForIsCeil) {
+  BlockManager bm(1, 4);
+  EXPECT_EQ(bm.blocks_for(0), 0);
+  EXPECT_EQ(bm.blocks_for(1), 1);
+  EXPECT_EQ(bm.blocks_for(4), 1);
+  EXPECT_EQ(bm.blocks_for(5), 2);
+  EXPECT_EQ(bm.blocks_for(8), 2);
+  EXPECT_EQ(bm.blocks_for(9), 3);
+}
+
+TEST(BlockManager, AllocateGrowsToExactlyCeilBlocks) {
+  BlockManager bm(8, 4);
+  BlockTable t;
+  ASSERT_TRUE(bm.allocate(t, 1));
+  EXPECT_EQ(t.blocks.size(), 1u);
+  EXPECT_EQ(t.num_tokens, 1);
+  ASSERT_TRUE(bm.allocate(t, 4));  // same block still has room
+  EXPECT_EQ(t.blocks.size(), 1u);
+  ASSERT_TRUE(bm.allocate(t, 5));
+  EXPECT_EQ(t.blocks.size(), 2u);
+  ASSERT_TRUE(bm.allocate(t, 13));
+  EXPECT_EQ(t.blocks.size(), 4u);
+  EXPECT_EQ(t.num_tokens, 13);
+  expect_valid_ids(bm, t);
+  for (int32_t b : t.blocks) EXPECT_EQ(bm.ref_count(b), 1);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  EXPECT_EQ(bm.num_used_blocks(), 4);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
+}
+
+TEST(BlockManager, AllocateNeverShrinks) {
+  BlockManager bm(8, 4);
+  BlockTable t;
+  ASSERT_TRUE(bm.allocate(t, 9));
+  const auto before = t.blocks;
+  EXPECT_TRUE(bm.allocate(t, 2));
+  EXPECT_EQ(t.blocks, before);
+  EXPECT_EQ(t.num_tokens, 9);
+  EXPECT_EQ(bm.used_slots(), 9);
+  EXPECT_TRUE(bm.allocate(t, 0));
+  EXPECT_EQ(t.num_tokens, 9);
+  EXPECT_THROW(bm.allocate(t, -1), std::runtime_error);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
+}
+
+TEST(BlockManager, ExhaustionReturnsFalseAndChangesNothing) {
+  BlockManager bm(3, 4);
+  BlockTable a, b;
+  ASSERT_TRUE(bm.allocate(a, 6));  // 2 blocks
+  ASSERT_TRUE(bm.allocate(b, 1));  // 1 block: pool now empty
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+
+  const BlockTable a_before = a, b_before = b;
+  EXPECT_FALSE(bm.can_allocate(a, 9));
+  EXPECT_FALSE(bm.allocate(a, 9));
+  EXPECT_FALSE(bm.allocate(b, 100));
+  EXPECT_EQ(a.blocks, a_before.blocks);
+  EXPECT_EQ(a.num_tokens, a_before.num_tokens);
+  EXPECT_EQ(b.blocks, b_before.blocks);
+  EXPECT_EQ(b.num_tokens, b_before.num_tokens);
+  EXPECT_EQ(bm.used_slots(), 7);
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  // Growth inside the last block needs no new block and still succeeds.
+  EXPECT_TRUE(bm.can_allocate(a, 8));
+  EXPECT_TRUE(bm.allocate(a, 8));
+  EXPECT_EQ(bm.used_slots(), 9);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b})));
+}
+
+TEST(BlockManager, PartialShortageAllocatesNothing) {
+  // Two blocks free, three needed: none may be taken (no half-grown table).
+  BlockManager bm(2, 2);
+  BlockTable t;
+  EXPECT_FALSE(bm.allocate(t, 5));
+  EXPECT_TRUE(t.blocks.empty());
+  EXPECT_EQ(t.num_tokens, 0);
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+  EXPECT_EQ(bm.used_slots(), 0);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
+}
+
+TEST(BlockManager, EmptyPoolOnlyAllowsZeroTokens) {
+  BlockManager bm(0, 4);
+  BlockTable t;
+  EXPECT_TRUE(bm.allocate(t, 0));
+  EXPECT_FALSE(bm.allocate(t, 1));
+  EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
+}
+
+TEST(BlockManager, CanAllocateAgreesWithAllocate) {
+  BlockManager bm(5, 3);
+  BlockTable t;
+  for (int32_t n = 0; n <= 18; ++n) {
+    const bool can = bm.can_allocate(t, n);
+    EXPECT_EQ(can, n <= 15) << n;
+  }
+  for (int32_t n = 1; n <= 18; ++n) {
+    const bool can = bm.can_allocate(t, n);
+    EXPECT_EQ(bm.allocate(t, n), can) << n;
+  }
+  EXPECT_EQ(t.num_tokens, 15);
+}
+
+TEST(BlockManager, FreeReturnsBlocksAndIsIdempotent) {
+  BlockManager bm(4, 4);
+  BlockTable a, b;
+  ASSERT_TRUE(bm.allocate(a, 7));
+  ASSERT_TRUE(bm.allocate(b, 8));
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  const std::vector<int32_t> a_blocks = a.blocks;
+  bm.free(a);
+  EXPECT_TRUE(a.blocks.empty());
+  EXPECT_EQ(a.num_tokens, 0);
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+  EXPECT_EQ(bm.used_slots(), 8);
+  for (int32_t blk : a_blocks) EXPECT_EQ(bm.ref_count(blk), 0);
+  bm.free(a);  // second free is a no-op
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+  EXPECT_EQ(bm.used_slots(), 8);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b})));
+  // The freed blocks are reusable.
+  BlockTable c;
+  ASSERT_TRUE(bm.allocate(c, 8));
+  EXPECT_EQ(std::set<int32_t>(c.blocks.begin(), c.blocks.end()),
+            std::set<int32_t>(a_blocks.begin(), a_blocks.end()));
+  bm.free(b);
+  bm.free(c);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  EXPECT_EQ(bm.used_slots(), 0);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b, &c})));
+}
+
+TEST(BlockManager, ForkSharesBlocksWithRefCounts) {
+  BlockManager bm(6, 4);
+  BlockTable src, dst;
+  ASSERT_TRUE(bm.allocate(src, 6));
+  bm.fork(src, dst);
+  EXPECT_EQ(dst.blocks, src.blocks);
+  EXPECT_EQ(dst.num_tokens, 6);
+  for (int32_t b : src.blocks) EXPECT_EQ(bm.ref_count(b), 2);
+  EXPECT_EQ(bm.num_used_blocks(), 2);   // shared blocks are counted once
+  EXPECT_EQ(bm.used_slots(), 12);       // but each sequence uses its own slots
+  EXPECT_EQ(bm.allocated_slots(), 8);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&src, &dst})));
+  // Listing only one of the two sharers is a ref-count violation.
+  EXPECT_THROW(bm.check_invariants(tables({&src})), std::runtime_error);
+
+  // The fork grows on its own: a new private block, the shared ones untouched.
+  ASSERT_TRUE(bm.allocate(dst, 9));
+  EXPECT_EQ(dst.blocks.size(), 3u);
+  EXPECT_EQ(bm.ref_count(dst.blocks[2]), 1);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&src, &dst})));
+
+  bm.free(src);
+  for (int32_t i = 0; i < 2; ++i) EXPECT_EQ(bm.ref_count(dst.blocks[i]), 1);
+  EXPECT_EQ(bm.num_free_blocks(), 3);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&src, &dst})));
+  bm.free(dst);
+  EXPECT_EQ(bm.num_free_blocks(), 6);
+  EXPECT_EQ(bm.used_slots(), 0);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&src, &dst})));
+}
+
+TEST(BlockManager, ForkIntoNonEmptyTableThrows) {
+  BlockManager bm(4, 4);
+  BlockTable a, b;
+  ASSERT_TRUE(bm.allocate(a, 4));
+  ASSERT_TRUE(bm.allocate(b, 4));
+  EXPECT_THROW(bm.fork(a, b), std::runtime_error);
+  EXPECT_EQ(bm.ref_count(a.blocks[0]), 1);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b})));
+}
+
+TEST(BlockManager, UtilizationMath) {
+  BlockManager bm(10, 8);
+  BlockTable a, b, c;
+  ASSERT_TRUE(bm.allocate(a, 1));   // 1 block, 7 slots wasted
+  ASSERT_TRUE(bm.allocate(b, 16));  // 2 blocks, no waste
+  ASSERT_TRUE(bm.allocate(c, 17));  // 3 blocks, 7 wasted
+  EXPECT_EQ(bm.used_slots(), 34);
+  EXPECT_EQ(bm.allocated_slots(), 6 * 8);
+  ASSERT_TRUE(bm.allocate(a, 8));
+  EXPECT_EQ(bm.used_slots(), 41);
+  EXPECT_EQ(bm.allocated_slots(), 48);
+  for (const BlockTable* t : {&a, &b, &c}) {
+    const int64_t alloc = static_cast<int64_t>(t->blocks.size()) * bm.block_size();
+    EXPECT_LE(t->num_tokens, alloc);
+    EXPECT_LT(alloc, t->num_tokens + bm.block_size());
+  }
+  bm.free(b);
+  EXPECT_EQ(bm.used_slots(), 25);
+  EXPECT_EQ(bm.allocated_slots(), 32);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b, &c})));
+}
+
+TEST(BlockManager, CheckInvariantsCatchesViolations) {
+  BlockManager bm(4, 4);
+  BlockTable a, b;
+  ASSERT_TRUE(bm.allocate(a, 5));
+  ASSERT_TRUE(bm.allocate(b, 2));
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b})));
+  // A live table left out: its blocks look owned by nobody.
+  EXPECT_THROW(bm.check_invariants(tables({&a})), std::runtime_error);
+  // The same table listed twice.
+  EXPECT_THROW(bm.check_invariants(tables({&a, &a, &b})), std::runtime_error);
+  // A table whose length disagrees with its block count.
+  BlockTable wrong = a;
+  wrong.num_tokens = 9;
+  EXPECT_THROW(bm.check_invariants(tables({&wrong, &b})), std::runtime_error);
+  wrong.num_tokens = 4;  // 4 tokens need 1 block, it holds 2
+  EXPECT_THROW(bm.check_invariants(tables({&wrong, &b})), std::runtime_error);
+  // A table referencing a free block, an out-of-range block or one block twice.
+  BlockTable stray;
+  stray.blocks = {3};
+  stray.num_tokens = 1;
+  EXPECT_THROW(bm.check_invariants(tables({&a, &b, &stray})), std::runtime_error);
+  stray.blocks = {42};
+  EXPECT_THROW(bm.check_invariants(tables({&a, &b, &stray})), std::runtime_error);
+  BlockTable twice;
+  twice.blocks = {a.blocks[0], a.blocks[0]};
+  twice.num_tokens = 8;
+  EXPECT_THROW(bm.check_invariants(tables({&twice, &b})), std::runtime_error);
+  EXPECT_THROW(bm.check_invariants(tables({&a, &b, nullptr})), std::runtime_error);
+}
+
+TEST(BlockManager, FreeOfForeignTableThrows) {
+  BlockManager bm(2, 4);
+  BlockTable bogus;
+  bogus.blocks = {1};
+  bogus.num_tokens = 1;
+  EXPECT_THROW(bm.free(bogus), std::runtime_error);
+}
+
+// Random allocate / grow / fork / free, checking the invariants and the accounting every step.
+TEST(BlockManager, RandomizedOpsKeepInvariants) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937_64 rng(seed);
+    const int32_t num_blocks = static_cast<int32_t>(rng() % 24);
+    const int32_t block_size = 1 + static_cast<int32_t>(rng() % 8);
+    BlockManager bm(num_blocks, block_size);
+    std::vector<std::unique_ptr<BlockTable>> live;
+    for (int step = 0; step < 2000; ++step) {
+      const int op = static_cast<int>(rng() % 4);
+      if (op == 0 || live.empty()) {
+        live.push_back(std::make_unique<BlockTable>());
+      } else {
+        BlockTable& t = *live[rng() % live.size()];
+        if (op == 1) {
+          const int32_t want = t.num_tokens + static_cast<int32_t>(rng() % (2 * block_size + 1));
+          const BlockTable before = t;
+          const int32_t free_before = bm.num_free_blocks();
+          const bool ok = bm.allocate(t, want);
+          const int32_t need = bm.blocks_for(want) - static_cast<int32_t>(before.blocks.size());
+          ASSERT_EQ(ok, need <= free_before);
+          if (!ok) {
+            ASSERT_EQ(t.blocks, before.blocks);
+            ASSERT_EQ(t.num_tokens, before.num_tokens);
+            ASSERT_EQ(bm.num_free_blocks(), free_before);
+          }
+        } else if (op == 2 && t.num_tokens > 0) {
+          live.push_back(std::make_unique<BlockTable>());
+          bm.fork(t, *live.back());
+        } else {
+          bm.free(t);
+          live.erase(std::find_if(live.begin(), live.end(), [&](auto& p) { return p.get() == &t; }));
+        }
+      }
+      std::vector<const BlockTable*> ptrs;
+      int64_t used = 0;
+      for (auto& p : live) {
+        ptrs.push_back(p.get());
+        used += p->num_tokens;
+      }
+      ASSERT_NO_THROW(bm.check_invariants(ptrs)) << "seed " << seed << " step " << step;
+      ASSERT_EQ(bm.used_slots(), used);
+    }
+    for (auto& p : live) bm.free(*p);
+    EXPECT_EQ(bm.num_free_blocks(), num_blocks);
+    EXPECT_EQ(bm.used_slots(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace fantai::engine

@@ -1,0 +1,123 @@
+"""Continuous batching behaviour: batch invariance, chunked prefill, preemption, aborts, no leaks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fantai import LLM, SamplingParams, _C
+from tiny_models import build_tiny_model, random_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("engine"), layers=3, heads=4, kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir: Path) -> LLM:
+    return LLM(str(model_dir), dtype="float32", num_kv_blocks=512)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_blocks(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "llm" in request.fixturenames:
+        stats = request.getfixturevalue("llm").stats()
+        assert stats["num_free_blocks"] == stats["num_total_blocks"], stats
+        assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+
+
+def tokens(outs: list) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_batch_of_32_equals_each_alone(llm: LLM) -> None:
+    prompts = random_prompts(32, 320, [1, 5, 16, 17, 33, 64, 90, 130], seed=3)
+    batched = tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
+    alone = [tokens(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts]
+    assert batched == alone
+    assert all(len(t) == 16 for t in batched)
+
+
+@pytest.mark.parametrize("budget,chunked", [(16, True), (7, True), (512, False)])
+def test_chunked_prefill_gives_same_tokens(model_dir: Path, llm: LLM, budget: int, chunked: bool) -> None:
+    prompts = random_prompts(6, 320, [3, 40, 100], seed=4)
+    reference = tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
+    small = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, max_num_batched_tokens=budget,
+                enable_chunked_prefill=chunked)
+    assert tokens(small.generate(prompts, GREEDY, use_tqdm=False)) == reference
+    assert small.stats()["num_steps"] > llm.stats()["num_steps"] / 100  # it really ran
+    if chunked:  # the longest prompt (100 tokens) can't be prefilled in one step of `budget`
+        assert small.stats()["prompt_tokens"] >= sum(len(p) for p in prompts)
+
+
+def test_preemption_keeps_every_request_and_its_tokens(model_dir: Path, llm: LLM) -> None:
+    prompts = random_prompts(8, 320, [30, 20, 41], seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ample = tokens(llm.generate(prompts, params, use_tqdm=False))
+    tight = LLM(str(model_dir), dtype="float32", num_kv_blocks=10)  # 160 slots for ~560 tokens
+    outs = tight.generate(prompts, params, use_tqdm=False)
+    assert tokens(outs) == ample
+    stats = tight.stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_sequence_larger_than_the_pool_finishes_with_length(model_dir: Path) -> None:
+    small = LLM(str(model_dir), dtype="float32", num_kv_blocks=2, block_size=8)  # 16 slots
+    out = small.generate([[7] * 10], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)
+    assert out[0].outputs[0].finish_reason == "length"
+    assert len(out[0].outputs[0].token_ids) < 50
+    assert small.stats()["num_free_blocks"] == 2
+
+
+def test_abort_frees_blocks_at_any_stage(model_dir: Path) -> None:
+    model = LLM(str(model_dir), dtype="float32", num_kv_blocks=64, max_num_batched_tokens=8)
+    engine = model.engine
+    p = _C.SamplingParams()
+    p.temperature, p.max_tokens, p.ignore_eos = 0.0, 30, True
+    engine.add_request(1, list(range(10, 50)), p)  # long prompt: mid-prefill after one step
+    engine.add_request(2, [5, 6, 7], p)
+    engine.add_request(3, [8, 9], p)
+    engine.step()
+    assert engine.stats()["num_used_blocks"] > 0
+    assert engine.abort_request(1)  # mid-prefill
+    for _ in range(6):
+        engine.step()
+    assert engine.abort_request(2)  # decoding
+    assert not engine.abort_request(2) and not engine.abort_request(999)
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and stats["used_slots"] == 0
+
+
+def test_bad_input_is_a_clear_error_and_the_engine_keeps_serving(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([[5, 99999]], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="1024"):
+        llm.generate([[5] * 1030], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="temperature"):
+        llm.generate([[5, 6]], SamplingParams(temperature=-1.0), use_tqdm=False)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([[]], GREEDY, use_tqdm=False)
+    assert len(tokens(llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False))[0]) == 16
+
+
+def test_kv_utilization_is_exact(model_dir: Path) -> None:
+    model = LLM(str(model_dir), dtype="float32", num_kv_blocks=64, block_size=16)
+    p = _C.SamplingParams()
+    p.temperature, p.max_tokens, p.ignore_eos = 0.0, 5, True
+    model.engine.add_request(1, list(range(10, 31)), p)  # 21 tokens -> 2 blocks
+    model.engine.add_request(2, [5, 6, 7], p)            # 3 tokens -> 1 block
+    model.engine.step()  # prefill both and sample one token each
+    stats = model.engine.stats()
+    assert stats["used_slots"] == 21 + 3 and stats["allocated_slots"] == 3 * 16
+    assert stats["kv_utilization"] == pytest.approx(24 / 48)
+    while model.engine.has_unfinished():
+        model.engine.step()

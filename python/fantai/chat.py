@@ -21,7 +21,7 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # HF templates expect non-ASCII kept as is (unlike jinja2's built-in tojson, which escapes HTML).
+    # HF templates expect non-ASCII kept as is (jinja2's own tojson escapes HTML characters).
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 

@@ -1,4 +1,4 @@
-"""Detokenizer room: incremental, UTF-8-safe text deltas with stop strings held back across tokens."""
+"""Detokenizer room: incremental UTF-8-safe text deltas, stop strings held back across tokens."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model files room: find the default GGUF model and resolve user-given model paths (no hub downloads)."""
+"""Model files room: find the default GGUF model and resolve local model paths (no downloads)."""
 
 from __future__ import annotations
 

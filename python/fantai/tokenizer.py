@@ -1,4 +1,4 @@
-"""Tokenizer room: one Tokenizer over HF `tokenizers`, built from an HF model dir or GGUF metadata."""
+"""Tokenizer room: one Tokenizer over HF `tokenizers`, from an HF model dir or GGUF metadata."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class Tokenizer:
 
     @classmethod
     def from_hf_dir(cls, path: str) -> Tokenizer:
-        """tokenizer.json + tokenizer_config.json (+ generation_config.json, chat_template.jinja)."""
+        """tokenizer.json + tokenizer_config.json (+ generation_config.json, chat_template.jinja)"""
         tok_file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tok_file):
             raise UnsupportedTokenizerError(f"{path}: no tokenizer.json (only fast tokenizers)")
@@ -98,7 +98,9 @@ class Tokenizer:
         return cls(hf, _hf_dir_spec(path, hf))
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict[str, Any], eos_token_ids: Sequence[int] = ()) -> Tokenizer:
+    def from_gguf_metadata(
+        cls, meta: dict[str, Any], eos_token_ids: Sequence[int] = ()
+    ) -> Tokenizer:
         """Build a byte-level BPE tokenizer from `tokenizer.ggml.*` GGUF metadata."""
         hf = build_gguf_bpe(meta)
         bos = meta.get("tokenizer.ggml.bos_token_id")
@@ -256,8 +258,8 @@ def _added_tokens(tokens: list[str], types: list[int]) -> list[AddedToken]:
 
 
 def _is_byte_level(hf: tokenizers.Tokenizer) -> bool:
-    decoder = json.loads(hf.to_str()).get("decoder")
-    return '"ByteLevel"' in json.dumps(decoder)
+    decoder = hf.decoder
+    return decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
 
 
 # HF directory --------------------------------------------------------------------------------
@@ -298,7 +300,8 @@ def _hf_dir_spec(path: str, hf: tokenizers.Tokenizer) -> TokenizerSpec:
     bos_text, eos_text = _token_content(cfg.get("bos_token")), _token_content(cfg.get("eos_token"))
     bos = hf.token_to_id(bos_text) if bos_text else None
     eos: list[int] = []
-    for tid in [hf.token_to_id(eos_text) if eos_text else None, *_as_id_list(gen.get("eos_token_id"))]:
+    declared = hf.token_to_id(eos_text) if eos_text else None
+    for tid in [declared, *_as_id_list(gen.get("eos_token_id"))]:
         if tid is not None and tid not in eos:
             eos.append(tid)
     if bos is None and gen.get("bos_token_id") is not None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import tokenizers
-from tokenizers import decoders, models
-
 from fantai.detokenizer import IncrementalDetokenizer
 from fantai.model_files import default_model_path
 from fantai.tokenizer import Tokenizer, TokenizerSpec
+from tokenizers import decoders, models
 
 
 @pytest.fixture(scope="module")

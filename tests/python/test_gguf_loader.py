@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-
 from fantai.model_files import ModelNotFoundError, default_model_path, resolve_model
 from fantai.weights.gguf_loader import hf_tensor_name, load_gguf, unpermute_qk
 
@@ -66,7 +65,8 @@ def test_name_mapping():
     assert hf_tensor_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
     assert hf_tensor_name("blk.3.attn_k.bias") == "model.layers.3.self_attn.k_proj.bias"
     assert hf_tensor_name("blk.12.attn_output.weight") == "model.layers.12.self_attn.o_proj.weight"
-    assert hf_tensor_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
+    post_norm = "model.layers.0.post_attention_layernorm.weight"
+    assert hf_tensor_name("blk.0.ffn_norm.weight") == post_norm
     assert hf_tensor_name("output_norm.weight") == "model.norm.weight"
     assert hf_tensor_name("output.weight") == "lm_head.weight"
     assert hf_tensor_name("rope_freqs.weight") is None
@@ -115,3 +115,126 @@ def test_tensors_equal_transformers(model, hf_model):
     assert len(seen) == 2 + 30 * 9 == len(model.tensor_names())
     missing = {n for n in state if n not in seen and n != "lm_head.weight"}
     assert not missing
+    # the comparison is not vacuous: the file's own q/k row order differs from HF's
+    from fantai.weights.gguf_loader import _dequantize
+
+    raw_k = _dequantize(model._reader.tensors[[t.name for t in model._reader.tensors].index(
+        "blk.0.attn_k.weight")])
+    assert not np.array_equal(raw_k, state["model.layers.0.self_attn.k_proj.weight"].numpy())
+
+
+# --- synthetic GGUF files: every supported tensor type, qwen2 biases, rope scaling -------------
+def _write_gguf(path, arch: str, tensors: dict, *, n_head: int, n_kv: int, rope_scaling: bool):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(96)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(32)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_uint32("general.file_type", 1)
+    if rope_scaling:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(2.0)
+    for name, (array, qtype) in tensors.items():
+        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            w.add_tensor(name, array.astype(np.float32 if qtype.name == "F32" else np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's HF->GGUF converter does to q/k rows (test-side copy of the idea)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
+def _roundtrip(array: np.ndarray, qtype) -> np.ndarray:
+    import gguf
+
+    if qtype.name == "F32":
+        return array.astype(np.float32)
+    if qtype.name == "F16":
+        return array.astype(np.float16)
+    return gguf.quants.dequantize(gguf.quants.quantize(array, qtype), qtype).reshape(array.shape)
+
+
+def test_synthetic_llama_all_types(tmp_path):
+    from gguf import GGMLQuantizationType as Q
+
+    rng = np.random.default_rng(1)
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    hf = {
+        "model.embed_tokens.weight": (r(32, 64), Q.Q8_0, "token_embd.weight"),
+        "model.layers.0.self_attn.q_proj.weight": (r(64, 64), Q.Q4_0, "blk.0.attn_q.weight"),
+        "model.layers.0.self_attn.k_proj.weight": (r(32, 64), Q.Q4_1, "blk.0.attn_k.weight"),
+        "model.layers.0.self_attn.v_proj.weight": (r(32, 64), Q.F16, "blk.0.attn_v.weight"),
+        "model.layers.0.self_attn.o_proj.weight": (r(64, 64), Q.BF16, "blk.0.attn_output.weight"),
+        "model.layers.0.mlp.gate_proj.weight": (r(96, 64), Q.F32, "blk.0.ffn_gate.weight"),
+        "model.layers.0.mlp.up_proj.weight": (r(96, 64), Q.Q8_0, "blk.0.ffn_up.weight"),
+        "model.layers.0.mlp.down_proj.weight": (r(64, 96), Q.Q4_0, "blk.0.ffn_down.weight"),
+        "model.layers.0.input_layernorm.weight": (r(64), Q.F32, "blk.0.attn_norm.weight"),
+        "model.layers.0.post_attention_layernorm.weight": (r(64), Q.F32, "blk.0.ffn_norm.weight"),
+        "model.norm.weight": (r(64), Q.F32, "output_norm.weight"),
+        "lm_head.weight": (r(32, 64), Q.F16, "output.weight"),
+    }
+    heads = {"q_proj": 4, "k_proj": 2}
+    on_disk = {}
+    for name, (array, qtype, gname) in hf.items():
+        proj = name.split(".")[-2]
+        on_disk[gname] = (_llama_permute(array, heads[proj]) if proj in heads else array, qtype)
+    path = tmp_path / "tiny-llama.gguf"
+    _write_gguf(path, "llama", on_disk, n_head=4, n_kv=2, rope_scaling=True)
+
+    model = load_gguf(str(path))
+    cfg = model.config
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["head_dim"] == 16
+    assert cfg["tie_word_embeddings"] is False and cfg["torch_dtype"] == "float16"
+    assert cfg["rope_scaling"]["rope_type"] == "linear" and cfg["rope_scaling"]["factor"] == 2.0
+    assert cfg["rms_norm_eps"] == 1e-6 and cfg["num_key_value_heads"] == 2
+    got = dict(model.tensors())
+    assert set(got) == set(hf)
+    for name, (array, qtype, _) in hf.items():
+        expected = _roundtrip(array, qtype)
+        assert got[name].dtype == (np.float16 if qtype == Q.F16 else np.float32), name
+        np.testing.assert_array_equal(got[name], expected, err_msg=name)
+
+
+def test_synthetic_qwen2_biases_no_permute(tmp_path):
+    from gguf import GGMLQuantizationType as Q
+
+    rng = np.random.default_rng(2)
+    q_w, q_b = rng.standard_normal((64, 64)).astype(np.float32), np.arange(64, dtype=np.float32)
+    on_disk = {
+        "token_embd.weight": (rng.standard_normal((32, 64)).astype(np.float32), Q.F32),
+        "blk.0.attn_q.weight": (q_w, Q.F32),
+        "blk.0.attn_q.bias": (q_b, Q.F32),
+        "blk.0.attn_k.bias": (np.arange(32, dtype=np.float32), Q.F32),
+    }
+    path = tmp_path / "tiny-qwen2.gguf"
+    _write_gguf(path, "qwen2", on_disk, n_head=4, n_kv=2, rope_scaling=False)
+    model = load_gguf(str(path))
+    assert model.config["architectures"] == ["Qwen2ForCausalLM"]
+    assert model.config["tie_word_embeddings"] is True and "rope_scaling" not in model.config
+    got = dict(model.tensors())
+    np.testing.assert_array_equal(got["model.layers.0.self_attn.q_proj.weight"], q_w)
+    np.testing.assert_array_equal(got["model.layers.0.self_attn.q_proj.bias"], q_b)
+    np.testing.assert_array_equal(got["model.layers.0.self_attn.k_proj.bias"], np.arange(32))
+
+
+def test_unsupported_arch(tmp_path):
+    path = tmp_path / "x.gguf"
+    _write_gguf(path, "gpt2", {}, n_head=4, n_kv=4, rope_scaling=False)
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gpt2'"):
+        load_gguf(str(path))

@@ -1,4 +1,4 @@
-"""Tokenizer room tests: GGUF-built tokenizer ids, HF-dir tokenizer vs transformers, chat templates."""
+"""Tokenizer room tests: GGUF tokenizer ids vs llama.cpp, HF-dir tokenizer, chat templates."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-import regex
 
 from fantai.chat import ChatTemplateError, render_chat_template
 from fantai.model_files import default_model_path
@@ -45,9 +44,7 @@ def tok():
 
 
 # --- an independent reference: llama.cpp's algorithm for `smollm` written out by hand ----------
-_GPT2_RE = regex.compile(
-    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
+_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -74,6 +71,7 @@ def _bpe(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
 
 def reference_ids(meta: dict, text: str) -> list[int]:
     """Special tokens first, then each digit alone, then the GPT-2 regex, then rank-ordered BPE."""
+    regex = pytest.importorskip("regex")  # \p{L} classes; ships with transformers
     tokens = meta["tokenizer.ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
     ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(meta["tokenizer.ggml.merges"])}
@@ -86,15 +84,52 @@ def reference_ids(meta: dict, text: str) -> list[int]:
             ids.append(vocab[chunk])
             continue
         for piece in regex.split(r"(\p{N})", chunk):
-            for word in _GPT2_RE.findall(piece):
+            for word in regex.findall(_GPT2_PATTERN, piece):
                 mapped = "".join(b2u[b] for b in word.encode("utf-8"))
                 ids.extend(vocab[p] for p in _bpe(mapped, ranks))
     return ids
 
 
-# Token ids llama.cpp itself gives (llama-cpp-python's Llama(vocab_only=True).tokenize(
-# text.encode(), add_bos=False, special=True) on the same GGUF); filled in by hand below.
-LLAMA_CPP_GOLDEN: dict[str, list[int]] = {}
+# Golden ids from llama.cpp itself (llama-cpp-python 0.3.36, built from source in a throwaway
+# venv outside the repo): Llama(model_path=GGUF, vocab_only=True).tokenize(text.encode("utf-8"),
+# add_bos=False, special=True) for each of TEXTS. The same route agreed with this tokenizer on
+# 2,950 random strings (letters, digits, CJK, emoji/ZWJ, whitespace runs, specials mixed in).
+LLAMA_CPP_GOLDEN: dict[str, list[int]] = {
+    'Hello world':
+        [19556, 905],
+    '12345 and 3.14':
+        [33, 34, 35, 36, 37, 284, 216, 35, 30, 33, 36],
+    ' 1 22 333 4444 -7e10 0x1F':
+        [216, 33, 216, 34, 34, 216, 35, 35, 35, 216, 36, 36, 36, 36, 731, 39, 85, 33, 32, 216,
+         32, 104, 33, 54],
+    'def f(x):\n    return x**2  # square\n\n\tprint(f(3))':
+        [1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 216, 907, 5222, 1116, 197, 3272, 24,
+         86, 24, 35, 1292],
+    'café naïve résumé é':
+        [83, 1939, 2756, 15486, 46494, 412, 2756, 5422, 2756, 26411],
+    '中文分词测试，你好！':
+        [28589, 29184, 37349, 16313, 231, 43222, 229, 16313, 239, 12831, 18645, 250, 48392, 138,
+         8083, 219],
+    'emoji 🎉🚀 👩\u200d👩\u200d👧 done':
+        [391, 33777, 15107, 232, 227, 10813, 244, 218, 15107, 235, 119, 321, 231, 10813, 235,
+         119, 321, 231, 10813, 235, 117, 2294],
+    'multiple   spaces\n\n\nand\r\nnewlines  \n ':
+        [30404, 256, 5600, 1116, 198, 397, 201, 198, 2241, 5110, 256, 3805],
+    '<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n':
+        [1, 4093, 198, 26843, 665, 2, 198, 1, 520, 9531, 198],
+    'text<|im_end|>glued<|endoftext|>':
+        [2692, 2, 87, 1374, 277, 0],
+    "I'm sure they've 'quoted' it's DON'T":
+        [57, 5248, 2090, 502, 3543, 637, 385, 5036, 23, 357, 506, 422, 2154, 23, 68],
+    '   leading and trailing   ':
+        [256, 2899, 284, 35079, 333],
+    '':
+        [],
+    'ÿ\x00\x01 control \x7f chars':
+        [142, 140, 190, 191, 1533, 216, 217, 42040],
+    'https://example.com/path?q=1&b=22#frag':
+        [4687, 1742, 7434, 30, 824, 31, 1537, 47, 97, 45, 33, 22, 82, 45, 34, 34, 19, 28082],
+}
 
 
 def test_gguf_metadata_basics(tok):
@@ -111,14 +146,19 @@ def test_gguf_ids_match_reference(tok, gguf_model, text):
     assert tok.encode(text) == reference_ids(gguf_model.tokenizer_metadata, text)
 
 
-@pytest.mark.parametrize("text", sorted(LLAMA_CPP_GOLDEN))
+def test_golden_covers_texts():
+    assert list(LLAMA_CPP_GOLDEN) == TEXTS
+
+
+@pytest.mark.parametrize("text", TEXTS)
 def test_gguf_ids_match_llama_cpp(tok, text):
     assert tok.encode(text) == LLAMA_CPP_GOLDEN[text]
 
 
 def test_digits_split_one_by_one(tok):
     ids = tok.encode("12345 and 3.14")
-    assert tok.convert_ids_to_tokens(ids) == ["1", "2", "3", "4", "5", "Ġand", "Ġ", "3", ".", "1", "4"]
+    expected = ["1", "2", "3", "4", "5", "Ġand", "Ġ", "3", ".", "1", "4"]
+    assert tok.convert_ids_to_tokens(ids) == expected
 
 
 def test_special_tokens_in_text(tok):

@@ -1,4 +1,4 @@
-"""Weights room: GGUF reader giving an HF-style config and dequantized HF-layout tensors, one at a time."""
+"""Weights room: GGUF reader giving an HF-style config and HF-layout tensors, one at a time."""
 
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ class GGUFModel:
         hidden = int(self._arch_value("embedding_length"))
         heads = int(self._arch_value("attention.head_count"))
         kv_heads = int(self._arch_value("attention.head_count_kv", heads))
-        vocab = self._arch_value("vocab_size") or len(self.metadata.get("tokenizer.ggml.tokens", []))
+        tokens = self.metadata.get("tokenizer.ggml.tokens", [])
+        vocab = self._arch_value("vocab_size") or len(tokens)
         eos = self.metadata.get("tokenizer.ggml.eos_token_id")
         cfg: dict[str, Any] = {
             "architectures": [self.spec.hf_architecture],
@@ -148,7 +149,9 @@ class GGUFModel:
             "num_key_value_heads": kv_heads,
             "head_dim": int(self._arch_value("attention.key_length", hidden // heads)),
             "hidden_act": "silu",
-            "rms_norm_eps": _clean_float(self._arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rms_norm_eps": _clean_float(
+                self._arch_value("attention.layer_norm_rms_epsilon", 1e-6)
+            ),
             "rope_theta": _clean_float(self._arch_value("rope.freq_base", 10000.0)),
             "max_position_embeddings": int(self._arch_value("context_length", 2048)),
             "tie_word_embeddings": "output.weight" not in self._by_name,

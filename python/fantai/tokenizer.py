@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from fantai.chat import render_chat_template
 
@@ -31,7 +31,8 @@ _SPLIT_PATTERN_PRE = {
 }
 _IGNORE_MERGES_PRE = {"llama-bpe", "llama3", "dbrx", "smaug-bpe"}
 
-_TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
+_SPM_SPACE = "\u2581"
 
 
 class UnsupportedTokenizerError(ValueError):
@@ -226,15 +227,27 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 
 
 def build_gguf_bpe(meta: dict[str, Any]) -> tokenizers.Tokenizer:
-    """A `tokenizers` byte-level BPE equal to llama.cpp's tokenizer for this GGUF metadata."""
+    """A `tokenizers` object equal to llama.cpp's tokenizer for this GGUF metadata.
+
+    Supports `gpt2` (byte-level BPE with merges) and `llama` (SentencePiece, score-ranked).
+    """
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [_TOKEN_NORMAL] * len(tokens))
+    if kind == "gpt2":
+        hf = _byte_level_bpe(meta, tokens)
+    elif kind == "llama":
+        hf = _sentencepiece_bpe(meta, tokens, types)
+    else:
         raise UnsupportedTokenizerError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
-            "use the model's Hugging Face directory instead"
+            f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2' byte-level BPE and "
+            "'llama' SentencePiece); use the model's Hugging Face directory instead"
         )
-    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    hf.add_tokens(_added_tokens(tokens, types))
+    return hf
+
+
+def _byte_level_bpe(meta: dict[str, Any], tokens: list[str]) -> tokenizers.Tokenizer:
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)
@@ -244,7 +257,47 @@ def build_gguf_bpe(meta: dict[str, Any]) -> tokenizers.Tokenizer:
     hf = tokenizers.Tokenizer(bpe)
     hf.pre_tokenizer = _pre_tokenizer(pre)
     hf.decoder = decoders.ByteLevel()
-    hf.add_tokens(_added_tokens(tokens, types))
+    return hf
+
+
+def _score_ranked_merges(
+    tokens: list[str], types: list[int], scores: list[float]
+) -> list[tuple[str, str]]:
+    """Every split (a, b) of a normal token with both halves in the vocabulary, best score first.
+
+    llama.cpp's SentencePiece tokenizer repeatedly joins the adjacent pair whose joined piece has
+    the highest score (leftmost on ties); BPE with merges ranked that way does the same.
+    """
+    ids = {t: i for i, t in enumerate(tokens)}
+    ranked: list[tuple[float, int, int, tuple[str, str]]] = []
+    for tid, (tok, ttype) in enumerate(zip(tokens, types)):
+        if ttype != _TOKEN_NORMAL:
+            continue
+        for cut in range(1, len(tok)):
+            a, b = tok[:cut], tok[cut:]
+            if a in ids and b in ids:
+                ranked.append((-scores[tid], tid, ids[a], (a, b)))
+    ranked.sort()
+    return [pair for *_, pair in ranked]
+
+
+def _sentencepiece_bpe(
+    meta: dict[str, Any], tokens: list[str], types: list[int]
+) -> tokenizers.Tokenizer:
+    scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[int(unk_id)] if unk_id is not None else None
+    bpe = models.BPE(vocab=vocab, merges=_score_ranked_merges(tokens, types, scores),
+                     unk_token=unk, fuse_unk=True, byte_fallback=True)
+    hf = tokenizers.Tokenizer(bpe)
+    space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    steps = [normalizers.Prepend(_SPM_SPACE)] if space_prefix else []
+    hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPM_SPACE)])
+    dec = [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    hf.decoder = decoders.Sequence([*dec, decoders.Strip(" ", 1, 0)] if space_prefix else dec)
     return hf
 
 

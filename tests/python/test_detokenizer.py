@@ -151,3 +151,16 @@ def test_byte_fallback_tokens(sp_tok):
     assert deltas == ["", "", "中", "", "", "", "🎉"]
     assert detok.add([2]) == "" and detok.flush() == ""
     assert detok.text == " world中🎉"
+
+
+def test_sentencepiece_gguf_stream():
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "data", "spm_tiny.gguf")
+    spm = Tokenizer.from_model_path(path)
+    text = "free café 中文 🎉 software"
+    ids = spm.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(spm, spm.encode("The license is"), stop=["soft"])
+    deltas = _stream(detok, ids)
+    assert not any("\ufffd" in d for d in deltas)
+    assert "".join(deltas) == " free café 中文 🎉 " and detok.stop_reason == "soft"

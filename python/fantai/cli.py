@@ -143,11 +143,15 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def _make_server(app: Any, args: argparse.Namespace, on_ready: Callable[[Any], None],
-                 on_exit: Callable[[], None]) -> Any:
+                 on_exit: Callable[[], None], abort_all: Callable[[], int]) -> Any:
     import uvicorn
 
+    grace = args.shutdown_timeout
+
     class Server(uvicorn.Server):
-        """uvicorn, but a handled SIGINT/SIGTERM ends in exit status 0 (no re-raise)."""
+        """uvicorn, but a handled SIGINT/SIGTERM ends in exit status 0 (no re-raise), and
+        requests still running after the grace period are aborted in the engine, so their
+        streams end cleanly (finish_reason 'abort') instead of being cut."""
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -163,6 +167,20 @@ def _make_server(app: Any, args: argparse.Namespace, on_ready: Callable[[Any], N
             on_exit()
             super().handle_exit(sig, frame)
 
+        async def shutdown(self, sockets: Any = None) -> None:
+            async def abort_after_grace() -> None:
+                await asyncio.sleep(grace)
+                n = abort_all()
+                if n:
+                    logging.getLogger("fantai.server").warning(
+                        "grace period over: aborted %d in-flight request(s)", n)
+
+            timer = asyncio.create_task(abort_after_grace())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started:
@@ -170,7 +188,8 @@ def _make_server(app: Any, args: argparse.Namespace, on_ready: Callable[[Any], N
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=not args.disable_log_requests, lifespan="off",
-                            timeout_graceful_shutdown=args.shutdown_timeout,
+                            # uvicorn's own cancel is only the backstop after our abort
+                            timeout_graceful_shutdown=args.shutdown_timeout + 5.0,
                             timeout_keep_alive=30)
     return Server(config)
 
@@ -199,13 +218,14 @@ async def _serve(args: argparse.Namespace) -> None:
                           max_body_bytes=args.max_request_body_size, tool_call_parser=parser,
                           generation_config=args.generation_config,
                           disable_log_requests=args.disable_log_requests)
-    app = build_app(engine, config)
-
-    def draining() -> None:
-        app.state.ctx.draining = True
-
-    server = _make_server(app, args, lambda s: _banner(s, engine, names), draining)
     try:
+        app = build_app(engine, config)
+
+        def draining() -> None:
+            app.state.ctx.draining = True
+
+        server = _make_server(app, args, lambda s: _banner(s, engine, names), draining,
+                              app.state.ctx.abort_all)
         await server.serve()
     finally:
         engine.shutdown()

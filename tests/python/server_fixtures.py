@@ -2,19 +2,56 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _compiled_core_dir() -> Path | None:
+    """An installed `fantai` package folder that holds the compiled core (_C), if any."""
+    for entry in sys.path:
+        folder = Path(entry or ".") / "fantai"
+        if folder.resolve() != (REPO / "python" / "fantai").resolve() and any(folder.glob("_C*.so")):
+            return folder
+    return None
+
+
+def package_root() -> Path:
+    """A folder whose `fantai` is this checkout's Python code with a compiled core beside it:
+    python/ itself after an in-place build, else a symlink overlay onto the installed _C."""
+    local = REPO / "python" / "fantai"
+    installed = _compiled_core_dir()
+    if any(local.glob("_C*.so")) or installed is None:
+        return REPO / "python"
+    root = Path(tempfile.mkdtemp(prefix="fantai-overlay-"))
+    atexit.register(shutil.rmtree, root, True)
+    pkg = root / "fantai"
+    pkg.mkdir()
+    for item in local.iterdir():
+        if item.name != "__pycache__":
+            (pkg / item.name).symlink_to(item)
+    for item in installed.iterdir():  # the core and the libraries its RPATH ($ORIGIN/lib) needs
+        if not (pkg / item.name).exists() and item.name != "__pycache__" and not item.name.endswith(".py"):
+            (pkg / item.name).symlink_to(item)
+    return root
+
+
+PACKAGE_ROOT = package_root()
+if str(PACKAGE_ROOT) not in sys.path:
+    sys.path.insert(0, str(PACKAGE_ROOT))
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>",
             "<|assistant_tools|>", "<|tool|>", "<|end|>"]
@@ -134,7 +171,7 @@ class ServerProcess:
 
 def python_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), env.get("PYTHONPATH", "")])
     env.pop("FANTAI_API_KEY", None)
     return env
 

@@ -197,7 +197,7 @@ async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
                 piece, calls = comp.text[sent:], []
                 sent = len(comp.text)
             else:
-                step = tools.finish() if comp.finish_reason else tools.feed(comp.text)
+                step = tools.finish(comp.text) if comp.finish_reason else tools.feed(comp.text)
                 piece, calls = step.content, step.calls
             for chunk in (writer.text(piece) if piece else []):
                 yield chunk

@@ -108,7 +108,7 @@ class ServerMetrics:
     @staticmethod
     def _kv_lines(stats: dict[str, Any]) -> list[str]:
         total = int(stats.get("num_total_blocks", 0))
-        used = total - int(stats.get("num_free_blocks", total))
+        used = int(stats.get("num_used_blocks", total - int(stats.get("num_free_blocks", total))))
         allocated = stats.get("allocated_slots", 0) or 0
         util = stats.get("kv_utilization")
         if util is None:

@@ -263,7 +263,7 @@ def _chat_deltas(ctx: ServerContext, reply: _Reply, comp: CompletionOutput, st: 
     """Deltas for one choice's new output (content and/or tool calls), and its logprobs."""
     deltas: list[dict[str, Any]] = []
     if st.tools is not None:
-        step = st.tools.finish() if comp.finish_reason else st.tools.feed(comp.text)
+        step = st.tools.finish(comp.text) if comp.finish_reason else st.tools.feed(comp.text)
         if step.content:
             deltas.append({"content": step.content})
         base = st.tools.calls_sent - len(step.calls)

@@ -29,8 +29,8 @@ class GenerationDefaults:
         if source in (None, "none", "vllm", "fantai"):
             return cls()
         path = model_path if source == "auto" else source
-        if path is None:
-            return cls()
+        if path is None or (source == "auto" and not os.path.isdir(path)):
+            return cls()  # a GGUF file carries no generation_config.json
         if os.path.isdir(path):
             path = os.path.join(path, "generation_config.json")
         if not os.path.isfile(path):

@@ -41,19 +41,29 @@ class ClientGone(Exception):
 
 async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncIterator[RequestOutput]:
     """engine.generate, with metrics on finish and an explicit abort if left early."""
-    finished = False
+    final_seen = False
+    last: RequestOutput | None = None
     ctx.log_request(call.request_id, len(call.prompt_ids), call.params)
+    ctx.active.add(call.request_id)
     try:
         async for out in ctx.engine.generate(call.prompt_ids, call.params, call.request_id):
+            last = out
             if out.finished:
-                finished = True
+                final_seen = True
                 ctx.metrics.record(out)
             yield out
+        # The engine yields one live object and may stop right after a read that still looked
+        # unfinished (it finished while we framed it): hand the finished state on once more.
+        if last is not None and last.finished and not final_seen:
+            final_seen = True
+            ctx.metrics.record(last)
+            yield last
     except ValueError as exc:
-        finished = True  # refused before it started: nothing to abort
+        final_seen = True  # refused before it started: nothing to abort
         raise APIError(str(exc)) from None
     finally:
-        if not finished:
+        ctx.active.discard(call.request_id)
+        if not final_seen:
             _abort(ctx, call)
 
 

@@ -36,6 +36,7 @@ class ServerContext:
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     tool_parser: ToolParser | None = None
     draining: bool = False
+    active: set[str] = field(default_factory=set)  # engine request ids in flight
 
     @classmethod
     def create(cls, engine: Any, config: ServerConfig) -> ServerContext:
@@ -65,6 +66,14 @@ class ServerContext:
             return requested
         raise APIError(f"The model '{requested}' does not exist. This server serves: "
                        f"{', '.join(names)}.", status=404, param="model", code="model_not_found")
+
+    def abort_all(self) -> int:
+        """Abort every in-flight engine request (end of a shutdown grace period); their streams
+        then end normally with finish_reason 'abort'."""
+        ids = list(self.active)
+        for request_id in ids:
+            self.engine.abort(request_id)
+        return len(ids)
 
     def log_request(self, request_id: str, num_prompt_tokens: int, params: Any) -> None:
         if not self.config.disable_log_requests:

@@ -230,7 +230,10 @@ class StreamingToolParser:
         self.calls_sent = max(self.calls_sent, len(calls))
         return delta
 
-    def finish(self) -> ToolStreamDelta:
+    def finish(self, generated: str | None = None) -> ToolStreamDelta:
+        """The rest, once the output is final (`generated`: its whole text, if it grew)."""
+        if generated is not None:
+            self.text = self.prefix + generated
         content, calls = self.parser.extract(self.text)
         if not calls:
             return self._content_until(len(self.text))

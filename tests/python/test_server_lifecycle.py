@@ -1,0 +1,100 @@
+"""Server room tests: start-up banner, SIGTERM/SIGINT drain (in-flight streams end, exit 0)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_fixtures import build_scripted_model, cycle_text, metric_values, start_server
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_scripted_model(tmp_path_factory.mktemp("scripted_lifecycle"))
+
+
+def test_sigterm_drains_in_flight_stream_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
+    srv = start_server([str(model_dir), "--max-model-len", "4096", "--kv-cache-memory", "16M",
+                        "--threads", "1", "--shutdown-timeout", "3"], tmp_path / "log.txt")
+    log = srv.log()
+    assert re.search(r"KV pool \d+ blocks x \d+ tokens = \d+ tokens, \d+ bytes", log), log
+    assert re.search(r"ready in [0-9.]+ s", log) and "listening on http://127.0.0.1:" in log
+    got: list[str] = []
+    started = threading.Event()
+
+    def reader() -> None:
+        body = {"model": str(model_dir), "prompt": "hello alpha", "max_tokens": 40,
+                "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                got.append(line)
+                started.set()
+                time.sleep(0.02)  # a slow reader keeps the request in flight at SIGTERM
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0, srv.log()[-3000:]
+    assert time.monotonic() - t0 < 15
+    thread.join(timeout=30)
+    text = "".join(json.loads(line[6:])["choices"][0]["text"]
+                   for line in got if line.startswith("data: {"))
+    assert text == cycle_text(" alpha", 40)  # finished within the grace period
+    assert got[-1] == "data: [DONE]" or got[-1] == ""
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{srv.base_url}/health", timeout=2)
+
+
+def test_sigint_aborts_past_grace_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
+    # One sequence at a time and 12 long requests: far more work than the 1 s grace allows.
+    srv = start_server([str(model_dir), "--max-model-len", "4096", "--kv-cache-memory", "16M",
+                        "--threads", "1", "--shutdown-timeout", "1", "--max-num-seqs", "1",
+                        "--disable-log-requests"], tmp_path / "log.txt")
+    done: list[bool] = []
+    first = threading.Event()
+
+    def reader() -> None:
+        body = {"model": str(model_dir), "prompt": "hello alpha", "max_tokens": 4000,
+                "temperature": 0, "stream": True, "ignore_eos": True}
+        lines: list[str] = []
+        try:
+            with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body,
+                              timeout=60) as r:
+                for line in r.iter_lines():
+                    if line:
+                        lines.append(line)
+                    first.set()
+        except httpx.HTTPError:
+            pass
+        reasons = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines
+                   if x.startswith("data: {")]
+        done.append(f"{reasons[-1] if reasons else None} {lines[-1] if lines else None}")
+
+    threads = [threading.Thread(target=reader) for _ in range(12)]
+    for t in threads:
+        t.start()
+    assert first.wait(60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # all 12 admitted (1 running, 11 waiting)
+        m = metric_values(httpx.get(f"{srv.base_url}/metrics").text)
+        if m["fantai_num_requests_running"] + m["fantai_num_requests_waiting"] == 12:
+            break
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGINT)
+    assert srv.proc.wait(timeout=60) == 0, srv.log()[-3000:]
+    assert time.monotonic() - t0 < 20
+    for t in threads:
+        t.join(timeout=30)
+    # Every stream ends cleanly; those still running after the grace period were aborted.
+    assert len(done) == 12 and set(done) <= {"length data: [DONE]", "abort data: [DONE]"}, done
+    assert "abort data: [DONE]" in done
+    assert "Traceback" not in srv.log()

@@ -102,8 +102,9 @@ class Tokenizer:
     def from_gguf_metadata(
         cls, meta: dict[str, Any], eos_token_ids: Sequence[int] = ()
     ) -> Tokenizer:
-        """Build a byte-level BPE tokenizer from `tokenizer.ggml.*` GGUF metadata."""
+        """Build the tokenizer described by `tokenizer.ggml.*` GGUF metadata."""
         hf = build_gguf_bpe(meta)
+        spm = meta.get("tokenizer.ggml.model") == "llama"
         bos = meta.get("tokenizer.ggml.bos_token_id")
         eos = list(eos_token_ids)
         if not eos and meta.get("tokenizer.ggml.eos_token_id") is not None:
@@ -111,7 +112,8 @@ class Tokenizer:
         spec = TokenizerSpec(
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=eos,
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            # llama.cpp's default when the key is absent: BOS for SentencePiece vocabularies only
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", spm)),
             add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
             chat_template=meta.get("tokenizer.chat_template"),
         )

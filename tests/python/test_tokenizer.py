@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-
 from fantai.chat import ChatTemplateError, render_chat_template
 from fantai.model_files import default_model_path
 from fantai.tokenizer import Tokenizer, UnsupportedTokenizerError, build_gguf_bpe

@@ -6,7 +6,7 @@
 
 // Compiled without the per-file flags (a target in another CMake directory does not see the
 // top-level source properties): ask GCC for the ISA here. Everything included above stays baseline.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__AVX2__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
@@ -25,6 +25,7 @@ struct VT {
   static constexpr int W = 8;
   // 16 ymm registers: 3x4 accumulators + 3 x rows + 1 weight row.
   static constexpr int kTileRows = 3, kTileCols = 4, kDecodeCols = 8;
+  static constexpr int kAttnChunks = 2;  // 4 heads x 2 chunks = 8 of the 16 ymm
   using V = __m256;
 
   // First n lanes set (n in [0, 8]).
@@ -52,6 +53,13 @@ struct VT {
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static float hmax(V a) {  // max is exact: any order
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
   // (l0+l4, l1+l5, l2+l6, l3+l7) then ((0+2), (1+3)) then the pair: one fixed tree.
   static float hsum(V a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -78,7 +86,9 @@ struct VT {
   }
 };
 
+namespace {  // internal linkage: no symbol of one ISA can stand in for another
 #include "cpu/kernels_impl.h"
+}  // namespace
 
 }  // namespace avx2_impl
 

@@ -43,9 +43,13 @@ FT_INLINE int imin_(int a, int b) { return a < b ? a : b; }
 
 // y[r, j + c] for r < R, c < C. x: [R, k] (row stride k); w: element (j + c) * k + i; y: row
 // stride ldy.
+// pf: when not null, the next tile's weight rows (contiguous bytes); each k step prefetches as
+// many bytes of it as it consumes of this tile, so DRAM streams ahead of the FMAs (rows are only
+// k long, too short for the hardware prefetcher to ramp up on C interleaved streams).
 template <int R, int C, int DT>
 FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float* y, int64_t ldy,
-                        int64_t k, int64_t j) {
+                        int64_t k, int64_t j, const char* pf = nullptr) {
+  constexpr int kEs = DT == 0 ? 4 : 2, kPfStep = C * W * kEs;
   V acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -53,6 +57,11 @@ FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float*
     for (int c = 0; c < C; ++c) acc[r][c] = VT::zero();
   const int64_t kv = k - k % W;
   for (int64_t i = 0; i < kv; i += W) {
+    if (pf) {
+#pragma GCC unroll 8
+      for (int b = 0; b < kPfStep; b += 64) __builtin_prefetch(pf + b, 0, 3);
+      pf += kPfStep;
+    }
     V xv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) xv[r] = VT::load(x + r * k + i);
@@ -84,27 +93,47 @@ FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float*
     }
 }
 
+// lin_tile with a run-time row count in [1, RR] (the last, partial row tile of a batch).
+template <int RR, int C, int DT>
+FT_INLINE void lin_rows(int rows, const float* x, const void* w, const float* bias, float* y,
+                        int64_t ldy, int64_t k, int64_t j, const char* pf) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return lin_rows<RR - 1, C, DT>(rows, x, w, bias, y, ldy, k, j, pf);
+  }
+  lin_tile<RR, C, DT>(x, w, bias, y, ldy, k, j, pf);
+}
+
 template <int DT>
 void linear_t(const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t ldy,
               int64_t k, int64_t j0, int64_t j1) {
   constexpr int R = VT::kTileRows, C = VT::kTileCols, C1 = VT::kDecodeCols;
+  constexpr int kEs = DT == 0 ? 4 : 2;
+  const char* wb = static_cast<const char*>(w);
   int64_t j = j0;
   if (m == 1) {
     // Decode: memory-bound; C1 weight rows stream side by side against one x row.
-    for (; j + C1 <= j1; j += C1) lin_tile<1, C1, DT>(x, w, bias, y, ldy, k, j);
+    for (; j + C1 <= j1; j += C1)
+      lin_tile<1, C1, DT>(x, w, bias, y, ldy, k, j, j + 2 * C1 <= j1 ? wb + (j + C1) * k * kEs : nullptr);
     for (; j < j1; ++j) lin_tile<1, 1, DT>(x, w, bias, y, ldy, k, j);
     return;
   }
-  // C weight rows stay in L1 while every R-row tile of x passes over them.
-  for (; j + C <= j1; j += C) {
+  // Prefill: a panel of P weight rows (~64: L2-resident) is swept by every R-row tile of x (L1-
+  // resident while it crosses the panel), so x and w are each read from L2 at most once per
+  // panel x row tile. The first row tile prefetches the next C weight rows from DRAM.
+  constexpr int64_t P = (64 + C - 1) / C * C;
+  for (int64_t jp = j0; jp < j1; jp += P) {
+    const int64_t jpe = jp + P < j1 ? jp + P : j1;
     int64_t r = 0;
-    for (; r + R <= m; r += R) lin_tile<R, C, DT>(x + r * k, w, bias, y + r * ldy, ldy, k, j);
-    for (; r < m; ++r) lin_tile<1, C, DT>(x + r * k, w, bias, y + r * ldy, ldy, k, j);
-  }
-  for (; j < j1; ++j) {
-    int64_t r = 0;
-    for (; r + R <= m; r += R) lin_tile<R, 1, DT>(x + r * k, w, bias, y + r * ldy, ldy, k, j);
-    for (; r < m; ++r) lin_tile<1, 1, DT>(x + r * k, w, bias, y + r * ldy, ldy, k, j);
+    for (; r < m; r += R) {
+      const int rows = m - r < R ? static_cast<int>(m - r) : R;
+      const float* xr = x + r * k;
+      float* yr = y + r * ldy;
+      for (j = jp; j + C <= jpe; j += C) {
+        const char* pf = r == 0 && j + 2 * C <= j1 ? wb + (j + C) * k * kEs : nullptr;
+        lin_rows<R, C, DT>(rows, xr, w, bias, yr, ldy, k, j, pf);
+      }
+      for (; j < jpe; ++j) lin_rows<R, 1, DT>(rows, xr, w, bias, yr, ldy, k, j, nullptr);
+    }
   }
 }
 
@@ -223,65 +252,114 @@ void to_f32(const void* src, DType st, float* dst, int64_t n) {
 }
 
 // ---- attention ---------------------------------------------------------------------------------
+//
+// Per (query, head) and KV block, in block order: scores s_j = (q . k_j) * scale (one W-lane chain
+// over head_dim, then VT::hsum), m' = max(m, max_j s_j), p_j = exp(s_j - m'), l = l*exp(m - m') +
+// sum_j p_j (lanes summed in chunk order, then VT::hsum), o = o*exp(m - m') + sum_j p_j v_j (keys
+// in order). Up to 4 heads of a group run together so K and V rows are loaded once for all of
+// them and their chains interleave; that changes no chain.
 
-// sc[j] = q . key_j * scale for j < nk. kb: element offset of key 0; keys head_dim apart.
-template <int DT>
-FT_INLINE void qk_scores(const float* q, const void* kc, int64_t kb, int hd, int nk, float scale,
-                         float* sc) {
-  const int dv = hd - hd % W, tail = hd - dv;
-  int j = 0;
-  // Four keys side by side for ILP; each key's chain is the same as in the single-key loop.
-  for (; j + 4 <= nk; j += 4) {
-    V a0 = VT::zero(), a1 = VT::zero(), a2 = VT::zero(), a3 = VT::zero();
-    const int64_t e = kb + static_cast<int64_t>(j) * hd;
-    for (int d = 0; d < dv; d += W) {
-      const V qv = VT::load(q + d);
-      a0 = VT::fma(qv, loadw<DT>(kc, e + d), a0);
-      a1 = VT::fma(qv, loadw<DT>(kc, e + hd + d), a1);
-      a2 = VT::fma(qv, loadw<DT>(kc, e + 2 * hd + d), a2);
-      a3 = VT::fma(qv, loadw<DT>(kc, e + 3 * hd + d), a3);
-    }
-    if (tail) {
-      const V qv = VT::load_n(q + dv, tail);
-      a0 = VT::fma(qv, loadw_n<DT>(kc, e + dv, tail), a0);
-      a1 = VT::fma(qv, loadw_n<DT>(kc, e + hd + dv, tail), a1);
-      a2 = VT::fma(qv, loadw_n<DT>(kc, e + 2 * hd + dv, tail), a2);
-      a3 = VT::fma(qv, loadw_n<DT>(kc, e + 3 * hd + dv, tail), a3);
-    }
-    sc[j] = VT::hsum(a0) * scale;
-    sc[j + 1] = VT::hsum(a1) * scale;
-    sc[j + 2] = VT::hsum(a2) * scale;
-    sc[j + 3] = VT::hsum(a3) * scale;
-  }
-  for (; j < nk; ++j) {
-    V a0 = VT::zero();
-    const int64_t e = kb + static_cast<int64_t>(j) * hd;
-    for (int d = 0; d < dv; d += W) a0 = VT::fma(VT::load(q + d), loadw<DT>(kc, e + d), a0);
-    if (tail) a0 = VT::fma(VT::load_n(q + dv, tail), loadw_n<DT>(kc, e + dv, tail), a0);
-    sc[j] = VT::hsum(a0) * scale;
-  }
+FT_INLINE float exp1(float x) {
+  alignas(64) float t[W];
+  VT::store(t, VT::exp(VT::set1(x)));
+  return t[0];
 }
 
-// sc[i] = exp(sc[i]) for i < n, elementwise (the lane a value lands in does not matter).
-FT_INLINE void exp_inplace(float* sc, int n) {
-  int i = 0;
-  for (; i + W <= n; i += W) VT::store(sc + i, VT::exp(VT::load(sc + i)));
-  if (i < n) VT::store_n(sc + i, VT::exp(VT::load_n(sc + i, n - i)), n - i);
+template <int HG, int DT>
+FT_INLINE void attn_step(const float* const* q, float* const* o, float* mx, float* sum,
+                         const void* kc, const void* vc, int64_t base, int hd, int nk, float scale,
+                         float* sc /* [HG, bsp] */, int bsp) {
+  const int dv = hd - hd % W, tail = hd - dv;
+  const float ninf = -__builtin_inff();
+  // Scores. Keys are independent, so consecutive keys' chains overlap in the core.
+  for (int j = 0; j < nk; ++j) {
+    V acc[HG];
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; ++h) acc[h] = VT::zero();
+    const int64_t e = base + static_cast<int64_t>(j) * hd;
+    for (int d = 0; d < dv; d += W) {
+      const V kv = loadw<DT>(kc, e + d);
+#pragma GCC unroll 4
+      for (int h = 0; h < HG; ++h) acc[h] = VT::fma(VT::load(q[h] + d), kv, acc[h]);
+    }
+    if (tail) {
+      const V kv = loadw_n<DT>(kc, e + dv, tail);
+#pragma GCC unroll 4
+      for (int h = 0; h < HG; ++h) acc[h] = VT::fma(VT::load_n(q[h] + dv, tail), kv, acc[h]);
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; ++h) sc[h * bsp + j] = VT::hsum(acc[h]) * scale;
+  }
+  const int nkp = (nk + W - 1) / W * W;
+  float corr[HG];
+  for (int h = 0; h < HG; ++h) {
+    float* s = sc + h * bsp;
+    for (int j = nk; j < nkp; ++j) s[j] = ninf;
+    V vmax = VT::set1(ninf);
+    for (int c = 0; c < nkp; c += W) vmax = VT::max(vmax, VT::load(s + c));
+    const float m_old = mx[h];
+    const float m_new = fmax_(m_old, VT::hmax(vmax));
+    const V vm = VT::set1(m_new);
+    for (int c = 0; c < nkp; c += W) VT::store(s + c, VT::exp(VT::sub(VT::load(s + c), vm)));
+    for (int j = nk; j < nkp; ++j) s[j] = 0.f;  // padding lanes carry no weight
+    V ps = VT::zero();
+    for (int c = 0; c < nkp; c += W) ps = VT::add(ps, VT::load(s + c));
+    corr[h] = m_old == ninf ? 0.f : exp1(m_old - m_new);
+    sum[h] = sum[h] * corr[h] + VT::hsum(ps);
+    mx[h] = m_new;
+  }
+  // Output: KC head_dim chunks x HG heads of accumulators live across the key loop.
+  constexpr int KC = VT::kAttnChunks;
+  int d = 0;
+  for (; d + KC * W <= dv; d += KC * W) {
+    V acc[HG][KC];
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; ++h) {
+      const V vc_h = VT::set1(corr[h]);
+#pragma GCC unroll 4
+      for (int c = 0; c < KC; ++c) acc[h][c] = VT::mul(VT::load(o[h] + d + c * W), vc_h);
+    }
+    for (int j = 0; j < nk; ++j) {
+      const int64_t e = base + static_cast<int64_t>(j) * hd + d;
+#pragma GCC unroll 4
+      for (int c = 0; c < KC; ++c) {
+        const V vv = loadw<DT>(vc, e + c * W);
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; ++h) acc[h][c] = VT::fma(VT::set1(sc[h * bsp + j]), vv, acc[h][c]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; ++h)
+#pragma GCC unroll 4
+      for (int c = 0; c < KC; ++c) VT::store(o[h] + d + c * W, acc[h][c]);
+  }
+  for (; d < hd; d += W) {
+    const int n = hd - d < W ? hd - d : W;
+    V acc[HG];
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; ++h) acc[h] = VT::mul(VT::load_n(o[h] + d, n), VT::set1(corr[h]));
+    for (int j = 0; j < nk; ++j) {
+      const V vv = loadw_n<DT>(vc, base + static_cast<int64_t>(j) * hd + d, n);
+#pragma GCC unroll 4
+      for (int h = 0; h < HG; ++h) acc[h] = VT::fma(VT::set1(sc[h * bsp + j]), vv, acc[h]);
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; ++h) VT::store_n(o[h] + d, acc[h], n);
+  }
 }
 
 template <int DT>
 void attention_t(const AttnItem& a, float* scratch) {
   const int G = a.group, hd = a.head_dim, bs = a.block_size, nq = a.num_q;
   const int nh = nq * G;
-  float* acc = scratch;                                 // [nq * G, hd]
+  const int bsp = (bs + W - 1) / W * W;
+  float* acc = scratch;                                 // [nq * G, hd] unnormalised outputs
   float* mx = acc + static_cast<int64_t>(nh) * hd;     // [nq * G] running max
   float* sum = mx + nh;                                 // [nq * G] running denominator
-  float* sc = sum + nh;                                 // [bs + 1] scores of one block
-  const float ninf = -__builtin_inff();
+  float* sc = sum + nh;                                 // [4, bsp] one block's scores
   for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) acc[i] = 0.f;
-  for (int i = 0; i < nh; ++i) { mx[i] = ninf; sum[i] = 0.f; }
+  for (int i = 0; i < nh; ++i) { mx[i] = -__builtin_inff(); sum[i] = 0.f; }
 
-  const int dv = hd - hd % W, tail = hd - dv;
   const int last_pos = a.first_pos + nq - 1;
   const int nblocks = last_pos / bs + 1;
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
@@ -292,53 +370,21 @@ void attention_t(const AttnItem& a, float* scratch) {
       const int pos = a.first_pos + i;
       if (pos < start) continue;
       const int nk = imin_(bs, pos - start + 1);
-      for (int h = 0; h < G; ++h) {
-        const float* q = a.q + i * a.q_stride + static_cast<int64_t>(a.kv_head * G + h) * hd;
-        const int sh = i * G + h;
-        qk_scores<DT>(q, a.k_cache, base, hd, nk, a.scale, sc);
-        float bm = sc[0];
-        for (int j = 1; j < nk; ++j) bm = fmax_(bm, sc[j]);
-        const float m_old = mx[sh];
-        const float m_new = fmax_(m_old, bm);
-        for (int j = 0; j < nk; ++j) sc[j] -= m_new;
-        sc[nk] = m_old == ninf ? 0.f : m_old - m_new;  // exp'd with the scores: the rescale
-        exp_inplace(sc, nk + 1);
-        const float corr = m_old == ninf ? 0.f : sc[nk];
-        float ps = 0.f;
-        for (int j = 0; j < nk; ++j) ps += sc[j];
-        sum[sh] = sum[sh] * corr + ps;
-        mx[sh] = m_new;
-        float* o = acc + static_cast<int64_t>(sh) * hd;
-        const V vc = VT::set1(corr);
-        int d = 0;
-        // Four head_dim chunks side by side (independent chains); keys in order within each.
-        for (; d + 4 * W <= dv; d += 4 * W) {
-          V s0 = VT::mul(VT::load(o + d), vc), s1 = VT::mul(VT::load(o + d + W), vc);
-          V s2 = VT::mul(VT::load(o + d + 2 * W), vc), s3 = VT::mul(VT::load(o + d + 3 * W), vc);
-          for (int j = 0; j < nk; ++j) {
-            const V p = VT::set1(sc[j]);
-            const int64_t e = base + static_cast<int64_t>(j) * hd + d;
-            s0 = VT::fma(p, loadw<DT>(a.v_cache, e), s0);
-            s1 = VT::fma(p, loadw<DT>(a.v_cache, e + W), s1);
-            s2 = VT::fma(p, loadw<DT>(a.v_cache, e + 2 * W), s2);
-            s3 = VT::fma(p, loadw<DT>(a.v_cache, e + 3 * W), s3);
-          }
-          VT::store(o + d, s0);
-          VT::store(o + d + W, s1);
-          VT::store(o + d + 2 * W, s2);
-          VT::store(o + d + 3 * W, s3);
+      for (int h0 = 0; h0 < G; h0 += 4) {
+        const int hg = imin_(4, G - h0);
+        const float* qs[4];
+        float* os[4];
+        for (int h = 0; h < hg; ++h) {
+          qs[h] = a.q + i * a.q_stride + static_cast<int64_t>(a.kv_head * G + h0 + h) * hd;
+          os[h] = acc + static_cast<int64_t>(i * G + h0 + h) * hd;
         }
-        for (; d < dv; d += W) {
-          V s = VT::mul(VT::load(o + d), vc);
-          for (int j = 0; j < nk; ++j)
-            s = VT::fma(VT::set1(sc[j]), loadw<DT>(a.v_cache, base + static_cast<int64_t>(j) * hd + d), s);
-          VT::store(o + d, s);
-        }
-        if (tail) {
-          V s = VT::mul(VT::load_n(o + dv, tail), vc);
-          for (int j = 0; j < nk; ++j)
-            s = VT::fma(VT::set1(sc[j]), loadw_n<DT>(a.v_cache, base + static_cast<int64_t>(j) * hd + dv, tail), s);
-          VT::store_n(o + dv, s, tail);
+        float* m = mx + i * G + h0;
+        float* l = sum + i * G + h0;
+        switch (hg) {
+          case 1: attn_step<1, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
+          case 2: attn_step<2, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
+          case 3: attn_step<3, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
+          default: attn_step<4, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
         }
       }
     }

@@ -12,7 +12,7 @@ namespace scalar_impl {
 struct VT {
   static constexpr const char* kName = "scalar";
   static constexpr int W = 8;
-  static constexpr int kTileRows = 2, kTileCols = 4, kDecodeCols = 4;
+  static constexpr int kTileRows = 2, kTileCols = 4, kDecodeCols = 4, kAttnChunks = 1;
   struct V { float v[W]; };
 
   static V zero() { V r; for (int i = 0; i < W; ++i) r.v[i] = 0.f; return r; }
@@ -43,6 +43,8 @@ struct VT {
   static V sub(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] - b.v[i]; return r; }
   static V mul(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i]; return r; }
   static V div(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] / b.v[i]; return r; }
+  static V max(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return r; }
+  static float hmax(V a) { float m = a.v[0]; for (int i = 1; i < W; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
   static V exp(V a) { V r; for (int i = 0; i < W; ++i) r.v[i] = std::exp(a.v[i]); return r; }
   // Pairwise tree, same shape as the SIMD files' reductions.
   static float hsum(V a) {
@@ -51,7 +53,9 @@ struct VT {
   }
 };
 
+namespace {  // internal linkage: no symbol of one ISA can stand in for another
 #include "cpu/kernels_impl.h"
+}  // namespace
 
 }  // namespace scalar_impl
 

@@ -63,3 +63,32 @@ def test_qkv_bias_is_loaded(tmp_path: Path) -> None:
     prompt = [7, 8, 9, 10, 11]
     ours = LLM(str(path), dtype="float32", num_kv_blocks=8)._model.score(prompt)
     assert np.abs(ours - hf_logits(ref, prompt).numpy()).max() > 1e-3
+
+
+def test_sharded_bf16_checkpoint(tmp_path: Path) -> None:
+    """A bf16 checkpoint split into shards with an index loads, and runs in bf16 and f32."""
+    path = build_tiny_model(tmp_path / "src", arch="llama")
+    ref = hf_model(path)
+    sharded = tmp_path / "sharded"
+    ref.to(torch.bfloat16).save_pretrained(sharded, max_shard_size="40KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (sharded / name).write_bytes((path / name).read_bytes())
+    assert (sharded / "model.safetensors.index.json").exists()
+    assert len(list(sharded.glob("*.safetensors"))) > 2
+    prompt = [9, 10, 11, 12, 13, 14, 15]
+    expected = hf_logits(hf_model(sharded).float(), prompt).numpy()  # bf16 weights, f32 math
+    as_f32 = LLM(str(sharded), dtype="float32", num_kv_blocks=8)
+    np.testing.assert_allclose(as_f32._model.score(prompt), expected, atol=LOGIT_ATOL, rtol=1e-4)
+    auto = LLM(str(sharded), num_kv_blocks=8)
+    assert auto._model.dtype == "bfloat16"
+    # bf16 weights are exact in bf16, so keeping them bf16 gives the same logits as f32 math.
+    np.testing.assert_allclose(auto._model.score(prompt), expected, atol=LOGIT_ATOL, rtol=1e-4)
+
+
+def test_float16_weights_close_to_float32(variant: tuple[Path, object]) -> None:
+    path, ref = variant
+    prompt = [20, 21, 22, 23]
+    half = LLM(str(path), dtype="float16", num_kv_blocks=8)._model.score(prompt)
+    full = hf_logits(ref, prompt).numpy()
+    assert np.abs(half - full).max() < 5e-2
+    assert np.abs(half - full).max() > 0  # really rounded to f16

@@ -106,6 +106,25 @@ def test_tokenize_detokenize(server: ServerProcess, hf_tok: Any) -> None:
     assert r["count"] == chat_prompt_len(hf_tok, msgs)
 
 
+def test_metrics_count_requests_and_tokens(server: ServerProcess, client: openai.OpenAI) -> None:
+    before = wait_idle(server)
+    r = client.completions.create(model="tiny", prompt="hello alpha", max_tokens=5, temperature=0,
+                                  n=2)
+    after = metrics(server)
+    assert after["fantai_generation_tokens_total"] - before["fantai_generation_tokens_total"] == 10
+    assert (after["fantai_prompt_tokens_total"] - before["fantai_prompt_tokens_total"]
+            == r.usage.prompt_tokens)
+    length = 'fantai_request_success_total{finished_reason="length"}'
+    assert after[length] - before[length] == 2
+    for hist in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
+                 "time_per_output_token_seconds"):
+        assert after[f"fantai_{hist}_count"] == before[f"fantai_{hist}_count"] + 1
+        assert after[f'fantai_{hist}_bucket{{le="+Inf"}}'] == after[f"fantai_{hist}_count"]
+    assert after["fantai_kv_cache_blocks_total"] > 0 and after["fantai_kv_cache_blocks_used"] == 0
+    assert 0.0 <= after["fantai_kv_cache_utilization"] <= 1.0
+    assert "fantai_num_preemptions_total" in after
+
+
 # ------------------------------------------------------------------ completions
 
 def test_completion_greedy_and_usage(client: openai.OpenAI, hf_tok: Any) -> None:
@@ -386,7 +405,7 @@ def test_200_concurrent_streams(server: ServerProcess) -> None:
     assert all(reason == "length" and extra == 0 for _, _, reason, extra in results)
 
 
-def test_50_disconnects_free_kv(server: ServerProcess, client: openai.OpenAI) -> None:
+def test_50_stream_disconnects_and_5_timeouts_free_kv(server: ServerProcess, client: openai.OpenAI) -> None:
     before = metrics(server)
 
     async def one(http: httpx.AsyncClient, i: int) -> None:
@@ -403,18 +422,24 @@ def test_50_disconnects_free_kv(server: ServerProcess, client: openai.OpenAI) ->
                 if seen >= 3:
                     break  # leaving the block closes the connection mid-stream
 
+    async def plain(http: httpx.AsyncClient) -> None:  # non-streamed: the client times out
+        body = {"model": "tiny", "prompt": "hello alpha", "max_tokens": 1000, "ignore_eos": True,
+                "temperature": 0}
+        with pytest.raises(httpx.TimeoutException):
+            await http.post("/v1/completions", json=body, timeout=0.05)
+
     async def run() -> None:
         limits = httpx.Limits(max_connections=60)
         async with httpx.AsyncClient(base_url=server.base_url, limits=limits, timeout=60,
                                      headers={"Authorization": f"Bearer {KEY}"}) as http:
-            await asyncio.gather(*(one(http, i) for i in range(50)))
+            await asyncio.gather(*(one(http, i) for i in range(50)), *(plain(http) for _ in range(5)))
 
     asyncio.run(run())
     after = wait_idle(server)
     assert after["fantai_kv_cache_blocks_used"] == 0
     assert after["fantai_num_requests_running"] == 0
     aborted = 'fantai_request_success_total{finished_reason="abort"}'
-    assert after[aborted] - before[aborted] == 50
+    assert after[aborted] - before[aborted] == 55
     r = client.completions.create(model="tiny", prompt="hello alpha", max_tokens=3, temperature=0)
     assert r.choices[0].text == cycle_text(" alpha", 3)
 

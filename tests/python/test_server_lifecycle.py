@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_fixtures import build_scripted_model, cycle_text, metric_values, start_server
+from server_fixtures import (build_scripted_model, cycle_text, metric_values, python_env,
+                             start_server)
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +21,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_sigterm_drains_in_flight_stream_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
+    env = {**python_env(), "FANTAI_API_KEY": "from-env"}
     srv = start_server([str(model_dir), "--max-model-len", "4096", "--kv-cache-memory", "16M",
-                        "--threads", "1", "--shutdown-timeout", "3"], tmp_path / "log.txt")
+                        "--threads", "1", "--shutdown-timeout", "3"], tmp_path / "log.txt",
+                       env=env)
+    auth = {"Authorization": "Bearer from-env"}
+    assert httpx.get(f"{srv.base_url}/v1/models").status_code == 401
+    assert httpx.get(f"{srv.base_url}/v1/models", headers=auth).status_code == 200
     log = srv.log()
     assert re.search(r"KV pool \d+ blocks x \d+ tokens = \d+ tokens, \d+ bytes", log), log
     assert re.search(r"ready in [0-9.]+ s", log) and "listening on http://127.0.0.1:" in log
@@ -31,7 +37,8 @@ def test_sigterm_drains_in_flight_stream_and_exits_zero(model_dir: Path, tmp_pat
     def reader() -> None:
         body = {"model": str(model_dir), "prompt": "hello alpha", "max_tokens": 40,
                 "temperature": 0, "stream": True}
-        with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=30) as r:
+        with httpx.stream("POST", f"{srv.base_url}/v1/completions", json=body, timeout=30,
+                          headers=auth) as r:
             for line in r.iter_lines():
                 got.append(line)
                 started.set()

@@ -301,6 +301,9 @@ def test_anthropic_messages(claude: anthropic.Anthropic, hf_tok: Any) -> None:
                                messages=[{"role": "user", "content": "Hi"}], extra_body={"temperature": 0})
     assert s.content[0].text == "Hello there my " and s.stop_reason == "stop_sequence"
     assert s.stop_sequence == "friend"
+    counted = claude.messages.count_tokens(model="tiny", system="Be nice.",
+                                           messages=[{"role": "user", "content": "Hi"}])
+    assert counted.input_tokens == m.usage.input_tokens
     short = claude.messages.create(model="tiny", max_tokens=2, extra_body={"temperature": 0},
                                    messages=[{"role": "user", "content": "Hi"}])
     assert short.stop_reason == "max_tokens" and short.content[0].text == "Hello there"

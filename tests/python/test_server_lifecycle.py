@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_fixtures import (build_scripted_model, cycle_text, metric_values, python_env,
+from server_fixtures import (TOOL_CHAIN, build_scripted_model, cycle_text, metric_values, python_env,
                              start_server)
 
 
@@ -22,12 +22,22 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_sigterm_drains_in_flight_stream_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
     env = {**python_env(), "FANTAI_API_KEY": "from-env"}
+    template = tmp_path / "always_tools.jinja"  # --chat-template from a file
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}<|assistant_tools|>")
+    gen_config = tmp_path / "gen.json"  # --generation-config: defaults for unset fields
+    gen_config.write_text(json.dumps({"max_new_tokens": 3, "temperature": 0.0}))
     srv = start_server([str(model_dir), "--max-model-len", "4096", "--kv-cache-memory", "16M",
-                        "--threads", "1", "--shutdown-timeout", "3"], tmp_path / "log.txt",
-                       env=env)
+                        "--threads", "1", "--shutdown-timeout", "3", "--chat-template",
+                        str(template), "--generation-config", str(gen_config)],
+                       tmp_path / "log.txt", env=env)
     auth = {"Authorization": "Bearer from-env"}
     assert httpx.get(f"{srv.base_url}/v1/models").status_code == 401
-    assert httpx.get(f"{srv.base_url}/v1/models", headers=auth).status_code == 200
+    models = httpx.get(f"{srv.base_url}/v1/models", headers=auth).json()
+    assert models["data"][0]["id"] == str(model_dir)
+    chat = httpx.post(f"{srv.base_url}/v1/chat/completions", headers=auth, json={
+        "model": str(model_dir), "messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert chat["choices"][0]["message"]["content"] == "".join(TOOL_CHAIN[:3])
+    assert chat["choices"][0]["finish_reason"] == "length"
     log = srv.log()
     assert re.search(r"KV pool \d+ blocks x \d+ tokens = \d+ tokens, \d+ bytes", log), log
     assert re.search(r"ready in [0-9.]+ s", log) and "listening on http://127.0.0.1:" in log

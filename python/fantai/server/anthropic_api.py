@@ -15,7 +15,8 @@ from fantai.sampling_params import SamplingParams
 from fantai.server.chat import ToolPlan, content_text, encode_chat, plan_tools, render_prompt
 from fantai.server.errors import APIError
 from fantai.server.params import _pick, check_max_tokens, stop_list
-from fantai.server.protocol import AnthropicMessage, MessagesRequest, NamedFunction, NamedToolChoice
+from fantai.server.protocol import (AnthropicMessage, CountTokensRequest, MessagesRequest,
+                                    NamedFunction, NamedToolChoice)
 from fantai.server.serving import (EngineCall, collect, generate, new_id, primed, sse,
                                    sse_response, until_disconnect)
 from fantai.server.state import ServerContext
@@ -106,6 +107,15 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
         return sse_response(await primed(request, _events(ctx, call, model, plan)))
     final = (await until_disconnect(request, collect(ctx, [call])))[0]
     return JSONResponse(_message_body(ctx, call, model, plan, final.outputs[0]))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+    """Anthropic's token counter: the prompt tokens a /v1/messages body would use."""
+    ctx: ServerContext = request.app.state.ctx
+    ctx.model_name(body.model)
+    text = render_prompt(ctx, _chat_messages(body), _tool_plan(ctx, body))
+    return JSONResponse({"input_tokens": len(encode_chat(ctx, text))})
 
 
 def _stop_info(comp: CompletionOutput, called: bool) -> tuple[str, str | None]:

@@ -155,6 +155,10 @@ class MessagesRequest(_Strict):
     service_tier: str | None = None
 
 
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int = 1  # not needed to count
+
+
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None

@@ -211,6 +211,32 @@ def test_completion_logprobs(client: openai.OpenAI) -> None:
     assert lp.text_offset == [0, 5, 11, 17]
 
 
+def test_sampling_fields_reach_engine(client: openai.OpenAI, hf_tok: Any) -> None:
+    mu, delta = hf_tok.convert_tokens_to_ids([" mu", " delta"])
+    biased = client.completions.create(model="tiny", prompt="hello alpha", max_tokens=3,
+                                       temperature=0, logit_bias={str(mu): 100})
+    assert biased.choices[0].text == " mu mu mu"
+    stopped = client.completions.create(model="tiny", prompt="hello alpha", max_tokens=20,
+                                        temperature=0, extra_body={"stop_token_ids": [delta]})
+    # As in vLLM, a stop token that is not a special token keeps its text.
+    assert stopped.choices[0].text == " beta gamma delta"
+    assert stopped.choices[0].finish_reason == "stop"
+    assert getattr(stopped.choices[0], "stop_reason") == delta
+    msgs = [{"role": "user", "content": "Hi"}]
+    longer = client.chat.completions.create(model="tiny", messages=msgs, temperature=0,
+                                            max_tokens=30, extra_body={"min_tokens": 12})
+    assert longer.usage.completion_tokens >= 12
+    assert longer.choices[0].message.content.startswith(TEXT_REPLY)
+    no_eos = client.chat.completions.create(model="tiny", messages=msgs, temperature=0,
+                                            max_tokens=15, extra_body={"ignore_eos": True})
+    assert no_eos.usage.completion_tokens == 15 and no_eos.choices[0].finish_reason == "length"
+    knobs = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=4, temperature=0.7, top_p=0.9, seed=1,
+        presence_penalty=0.5, frequency_penalty=0.5, user="u1",
+        extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1})
+    assert knobs.usage.completion_tokens == 4
+
+
 # ------------------------------------------------------------------ chat
 
 def test_chat_greedy_usage_and_stream(client: openai.OpenAI, hf_tok: Any) -> None:

@@ -1,4 +1,4 @@
-"""CLI room: the `fantai` console script (`fantai serve`, `fantai generate`)."""
+"""CLI room: the `fantai` console script (`fantai serve`, `fantai generate`, `fantai chat`)."""
 
 from __future__ import annotations
 
@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.set_defaults(func=generate_command)
+    chat = sub.add_parser("chat", help="one-shot chat reply to a user message, printed to stdout")
+    _add_engine_options(chat)
+    chat.add_argument("--message", required=True, help="the user message")
+    chat.add_argument("--system", default=None, help="optional system prompt")
+    chat.add_argument("--max-tokens", type=int, default=256, help="tokens to generate")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    chat.set_defaults(func=chat_command)
     return parser
 
 
@@ -138,7 +145,18 @@ def generate_command(args: argparse.Namespace) -> int:
     kwargs.pop("chat_template")
     llm = LLM(args.model, **kwargs)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-    print(llm.generate([args.prompt], params)[0].outputs[0].text)
+    print(llm.generate([args.prompt], params, use_tqdm=False)[0].outputs[0].text)
+    return 0
+
+
+def chat_command(args: argparse.Namespace) -> int:
+    from fantai import LLM, SamplingParams
+
+    llm = LLM(args.model, **_engine_kwargs(args))
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.message})
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    print(llm.chat(messages, params, use_tqdm=False)[0].outputs[0].text)
     return 0
 
 

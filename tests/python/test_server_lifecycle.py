@@ -115,3 +115,21 @@ def test_sigint_aborts_past_grace_and_exits_zero(model_dir: Path, tmp_path: Path
     assert len(done) == 12 and set(done) <= {"length data: [DONE]", "abort data: [DONE]"}, done
     assert "abort data: [DONE]" in done
     assert "Traceback" not in srv.log()
+
+
+def test_cli_generate_and_chat_one_shot(model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    from server_fixtures import REPO, TEXT_CHAIN
+
+    def run(*args: str) -> str:
+        cmd = [sys.executable, "-m", "fantai.cli", *args, str(model_dir), "--kv-cache-memory",
+               "16M", "--threads", "1"]
+        done = subprocess.run(cmd, env=python_env(), cwd=str(REPO), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.splitlines()[-1]
+
+    assert run("generate", "--prompt", "hello alpha", "--max-tokens", "3") == cycle_text(" alpha", 3)
+    assert run("chat", "--message", "Hi") == "".join(TEXT_CHAIN)

@@ -29,13 +29,16 @@ def _compiled_core_dir() -> Path | None:
     return None
 
 
-def package_root() -> Path:
+def package_root() -> Path | None:
     """A folder whose `fantai` is this checkout's Python code with a compiled core beside it:
-    python/ itself after an in-place build, else a symlink overlay onto the installed _C."""
+    python/ itself after an in-place build, else a symlink overlay onto the installed _C;
+    None: leave `import fantai` to the environment."""
     local = REPO / "python" / "fantai"
-    installed = _compiled_core_dir()
-    if any(local.glob("_C*.so")) or installed is None:
+    if any(local.glob("_C*.so")):
         return REPO / "python"
+    installed = _compiled_core_dir()
+    if installed is None:
+        return None
     root = Path(tempfile.mkdtemp(prefix="fantai-overlay-"))
     atexit.register(shutil.rmtree, root, True)
     pkg = root / "fantai"
@@ -50,7 +53,7 @@ def package_root() -> Path:
 
 
 PACKAGE_ROOT = package_root()
-if str(PACKAGE_ROOT) not in sys.path:
+if PACKAGE_ROOT is not None and str(PACKAGE_ROOT) not in sys.path:
     sys.path.insert(0, str(PACKAGE_ROOT))
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>",
@@ -171,7 +174,8 @@ class ServerProcess:
 
 def python_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), env.get("PYTHONPATH", "")])
+    if PACKAGE_ROOT is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), env.get("PYTHONPATH", "")])
     env.pop("FANTAI_API_KEY", None)
     return env
 

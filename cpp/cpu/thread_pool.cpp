@@ -71,8 +71,11 @@ void ThreadPool::worker_loop(int index) {
 
 void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_t, int)>& fn) {
   if (num_tasks <= 0) return;
-  std::unique_lock<std::mutex> run_lk(run_mu_, std::try_to_lock);
-  if (num_threads_ == 1 || num_tasks == 1 || t_in_pool_job || !run_lk.owns_lock()) {
+  // Inline when nested (checked before try_lock: re-locking run_mu_ on this thread would be UB)
+  // or when another thread is using the pool.
+  const bool inline_run = num_threads_ == 1 || num_tasks == 1 || t_in_pool_job;
+  std::unique_lock<std::mutex> run_lk(run_mu_, std::defer_lock);
+  if (inline_run || !run_lk.try_lock()) {
     for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
     return;
   }

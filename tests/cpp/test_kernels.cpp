@@ -99,8 +99,11 @@ TEST_P(Kernels, LinearMatchesReference) {
 }
 
 TEST_P(Kernels, LinearBatchInvariant) {
-  const int64_t M = 37, n = 200, k = 333;
+  const int64_t n = 200, k = 333;
+  // 37 rows: one row block with a partial register tile; 130: three row blocks of the driver.
+  for (int64_t M : {37, 130})
   for (DType wt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << M << " " << dtype_name(wt));
     auto x = randn(M * k, 7), wf = randn(n * k, 8), bias = randn(n, 9);
     auto wh = to_half(wf, DType::kBF16);
     const void* w = wt == DType::kF32 ? static_cast<const void*>(wf.data()) : wh.data();
@@ -111,7 +114,7 @@ TEST_P(Kernels, LinearBatchInvariant) {
     auto b1 = be(1);
     for (int64_t r = 0; r < M; ++r) {
       b1->linear(x.data() + r * k, w, wt, bias.data(), one.data(), 1, n, k);
-      ASSERT_TRUE(bitwise_equal(one.data(), full.data() + r * n, n)) << "row " << r << " m=1 vs m=37";
+      ASSERT_TRUE(bitwise_equal(one.data(), full.data() + r * n, n)) << "row " << r << " m=1 vs m=" << M;
     }
     // Rows 5..13 as their own batch (different tile positions for every row).
     std::vector<float> mid(9 * n);

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import httpx
 
-WORDS = ("the of and to in is was for on that with as by at from his her they this which "
-         "river mountain engine memory token cache batch signal garden window market story "
-         "quickly slowly bright silent ancient modern simple careful").split()
+WORDS = (  # noqa: SIM905
+    "the of and to in is was for on that with as by at from his her they this which "
+    "river mountain engine memory token cache batch signal garden window market story "
+    "quickly slowly bright silent ancient modern simple careful").split()
 
 
 @dataclass(slots=True)
@@ -99,7 +100,8 @@ async def one_request(http: httpx.AsyncClient, model: str, prompt: list[int],
     try:
         async with http.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
-                return RequestResult(False, error=f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+                body_text = (await r.aread())[:200]
+                return RequestResult(False, error=f"HTTP {r.status_code}: {body_text!r}")
             async for line in r.aiter_lines():
                 if not line.startswith("data: {"):
                     continue
@@ -141,7 +143,8 @@ async def run_level(http: httpx.AsyncClient, model: str, prompts: list[list[int]
 def launch_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str, float, Path]:
     """Start `fantai serve` on a free port; return it, its URL and seconds from launch to ready."""
     log = Path(tempfile.mkstemp(prefix="bench_serve_", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "fantai.cli", "serve", *([args.model_path] if args.model_path else []),
+    model = [args.model_path] if args.model_path else []
+    cmd = [sys.executable, "-m", "fantai.cli", "serve", *model,
            "--host", "127.0.0.1", "--port", "0", "--disable-log-requests",
            "--log-level", "warning", "--max-num-seqs", str(max(args.concurrency)),
            *(["--threads", str(args.threads)] if args.threads else []), *args.server_arg]

@@ -131,11 +131,12 @@ def _chat_template(value: str | None) -> str | None:
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(dtype=args.dtype, max_model_len=args.max_model_len,
-                kv_cache_memory=args.kv_cache_memory, memory_utilization=args.memory_utilization,
-                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                block_size=args.block_size, seed=args.seed, threads=args.threads,
-                chat_template=_chat_template(args.chat_template))
+    return {"dtype": args.dtype, "max_model_len": args.max_model_len,
+            "kv_cache_memory": args.kv_cache_memory,
+            "memory_utilization": args.memory_utilization, "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "block_size": args.block_size, "seed": args.seed, "threads": args.threads,
+            "chat_template": _chat_template(args.chat_template)}
 
 
 def generate_command(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Server test room: a scripted tiny Llama (next token = f(current token)) and a `fantai serve` process."""
+"""Server test room: a scripted tiny Llama (next token = f(token)) and a `fantai serve` process."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _compiled_core_dir() -> Path | None:
     """An installed `fantai` package folder that holds the compiled core (_C), if any."""
     for entry in sys.path:
         folder = Path(entry or ".") / "fantai"
-        if folder.resolve() != (REPO / "python" / "fantai").resolve() and any(folder.glob("_C*.so")):
+        local = folder.resolve() == (REPO / "python" / "fantai").resolve()
+        if not local and any(folder.glob("_C*.so")):
             return folder
     return None
 
@@ -47,7 +48,8 @@ def package_root() -> Path | None:
         if item.name != "__pycache__":
             (pkg / item.name).symlink_to(item)
     for item in installed.iterdir():  # the core and the libraries its RPATH ($ORIGIN/lib) needs
-        if not (pkg / item.name).exists() and item.name != "__pycache__" and not item.name.endswith(".py"):
+        skip = item.name == "__pycache__" or item.name.endswith(".py")
+        if not skip and not (pkg / item.name).exists():
             (pkg / item.name).symlink_to(item)
     return root
 
@@ -101,7 +103,15 @@ def next_token_table(tokens: list[str]) -> list[int]:
 
 
 def _build_tokenizer(path: Path, tokens: list[str]) -> None:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
 
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r" ?\w+| ?[^\s\w]|\s"), behavior="isolated")
@@ -185,10 +195,10 @@ def start_server(args: list[str], log_path: Path, timeout: float = 300.0,
     """Launch `fantai serve --port 0 ARGS`; wait for its 'listening on' banner."""
     cmd = [sys.executable, "-m", "fantai.cli", "serve", "--host", "127.0.0.1", "--port", "0",
            *args]
-    log = open(log_path, "wb")
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or python_env(),
-                            cwd=str(REPO))
+    with open(log_path, "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=env or python_env(), cwd=str(REPO))
     pattern = re.compile(r"listening on (http://[0-9.]+:[0-9]+)")
     while time.monotonic() - start < timeout:
         m = pattern.search(log_path.read_text(errors="replace"))

@@ -1,4 +1,4 @@
-"""Server room tests: a real `fantai serve` process on a scripted tiny model, driven by the openai and
+"""Server room tests: a real `fantai serve` on a scripted tiny model, driven by the openai and
 anthropic SDKs (completions, chat, tools, Anthropic events, errors, concurrency, disconnects)."""
 
 from __future__ import annotations
@@ -14,8 +14,16 @@ import anthropic
 import httpx
 import openai
 import pytest
-from server_fixtures import (CYCLE, TEXT_CHAIN, ServerProcess, build_scripted_model, cycle_text,
-                             iter_sse, metric_values, start_server)
+from server_fixtures import (
+    CYCLE,
+    TEXT_CHAIN,
+    ServerProcess,
+    build_scripted_model,
+    cycle_text,
+    iter_sse,
+    metric_values,
+    start_server,
+)
 
 KEY = "test-key-123"
 TEXT_REPLY = "".join(TEXT_CHAIN)
@@ -221,7 +229,7 @@ def test_sampling_fields_reach_engine(client: openai.OpenAI, hf_tok: Any) -> Non
     # As in vLLM, a stop token that is not a special token keeps its text.
     assert stopped.choices[0].text == " beta gamma delta"
     assert stopped.choices[0].finish_reason == "stop"
-    assert getattr(stopped.choices[0], "stop_reason") == delta
+    assert stopped.choices[0].stop_reason == delta
     msgs = [{"role": "user", "content": "Hi"}]
     longer = client.chat.completions.create(model="tiny", messages=msgs, temperature=0,
                                             max_tokens=30, extra_body={"min_tokens": 12})
@@ -317,14 +325,16 @@ def test_tool_calls_streamed_and_follow_up(client: openai.OpenAI) -> None:
 
 def test_anthropic_messages(claude: anthropic.Anthropic, hf_tok: Any) -> None:
     m = claude.messages.create(model="tiny", max_tokens=50, system="Be nice.",
-                               messages=[{"role": "user", "content": "Hi"}], extra_body={"temperature": 0})
+                               messages=[{"role": "user", "content": "Hi"}],
+                               extra_body={"temperature": 0})
     assert m.content[0].type == "text" and m.content[0].text == TEXT_REPLY
     assert m.stop_reason == "end_turn" and m.role == "assistant"
     msgs = [{"role": "system", "content": "Be nice."}, {"role": "user", "content": "Hi"}]
     assert m.usage.input_tokens == chat_prompt_len(hf_tok, msgs)
     assert m.usage.output_tokens == len(TEXT_CHAIN) + 1
     s = claude.messages.create(model="tiny", max_tokens=50, stop_sequences=["friend"],
-                               messages=[{"role": "user", "content": "Hi"}], extra_body={"temperature": 0})
+                               messages=[{"role": "user", "content": "Hi"}],
+                               extra_body={"temperature": 0})
     assert s.content[0].text == "Hello there my " and s.stop_reason == "stop_sequence"
     assert s.stop_sequence == "friend"
     counted = claude.messages.count_tokens(model="tiny", system="Be nice.",
@@ -375,7 +385,8 @@ def test_anthropic_event_sequence(server: ServerProcess) -> None:
                      + ["content_block_delta"] * deltas
                      + ["content_block_stop", "message_delta", "message_stop"])
     assert events[0][1]["message"]["usage"]["output_tokens"] == 0
-    assert "".join(d["delta"]["text"] for ev, d in events if ev == "content_block_delta") == TEXT_REPLY
+    text = "".join(d["delta"]["text"] for ev, d in events if ev == "content_block_delta")
+    assert text == TEXT_REPLY
     assert events[-2][1]["delta"]["stop_reason"] == "end_turn"
     assert events[-2][1]["usage"]["output_tokens"] == len(TEXT_CHAIN) + 1
     tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
@@ -434,7 +445,8 @@ def test_200_concurrent_streams(server: ServerProcess) -> None:
     assert all(reason == "length" and extra == 0 for _, _, reason, extra in results)
 
 
-def test_50_stream_disconnects_and_5_timeouts_free_kv(server: ServerProcess, client: openai.OpenAI) -> None:
+def test_50_stream_disconnects_and_5_timeouts_free_kv(server: ServerProcess,
+                                                      client: openai.OpenAI) -> None:
     before = metrics(server)
 
     async def one(http: httpx.AsyncClient, i: int) -> None:
@@ -461,7 +473,8 @@ def test_50_stream_disconnects_and_5_timeouts_free_kv(server: ServerProcess, cli
         limits = httpx.Limits(max_connections=60)
         async with httpx.AsyncClient(base_url=server.base_url, limits=limits, timeout=60,
                                      headers={"Authorization": f"Bearer {KEY}"}) as http:
-            await asyncio.gather(*(one(http, i) for i in range(50)), *(plain(http) for _ in range(5)))
+            await asyncio.gather(*(one(http, i) for i in range(50)),
+                                 *(plain(http) for _ in range(5)))
 
     asyncio.run(run())
     after = wait_idle(server)
@@ -554,7 +567,8 @@ ANTHROPIC_BAD = [
      {}, 400, "invalid_request_error"),
     ("unknown model", {"model": "nope", "max_tokens": 5,
                        "messages": [{"role": "user", "content": "x"}]}, {}, 404, "not_found_error"),
-    ("wrong key", {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+    ("wrong key",
+     {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
      {"x-api-key": "wrong"}, 401, "authentication_error"),
     ("too long", {"model": "tiny", "max_tokens": 5000,
                   "messages": [{"role": "user", "content": "x"}]}, {}, 400,

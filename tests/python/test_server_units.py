@@ -1,28 +1,27 @@
-"""Server room unit tests: tool parsers (full and streamed), CLI sizes, metrics text, error shapes."""
+"""Server room unit tests: tool parsers (whole and streamed), CLI, metrics text, error shapes."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import server_fixtures  # noqa: F401  (puts python/ on sys.path)
-
+import server_fixtures
 from fantai.cli import build_parser, parse_size
 from fantai.outputs import CompletionOutput, RequestOutput
-from fantai.server.errors import error_body
+from fantai.server.errors import APIError, error_body
 from fantai.server.metrics import ServerMetrics
 from fantai.server.params import GenerationDefaults, check_max_tokens, parse_logit_bias
-from fantai.server.errors import APIError
 from fantai.server.tool_parsers import StreamingToolParser, get_parser
 
 CASES = {
-    "hermes": ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
-               '\n</tool_call><tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
+    "hermes": (('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": '
+                '"Paris"}}\n</tool_call><tool_call>{"name": "get_time", "arguments": {}}'
+                '</tool_call>'),
                "Let me check. "),
-    "llama3_json": ('{"name": "get_weather", "parameters": {"city": "Paris"}}; '
-                    '{"name": "get_time", "parameters": {}}', ""),
-    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-                '{"name": "get_time", "arguments": {}}]', ""),
+    "llama3_json": (('{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                     '{"name": "get_time", "parameters": {}}'), ""),
+    "mistral": (('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                 '{"name": "get_time", "arguments": {}}]'), ""),
 }
 
 
@@ -91,7 +90,8 @@ def test_parse_size_and_cli_help() -> None:
     args = build_parser().parse_args(["serve", "m", "--served-model-name", "a", "b",
                                       "--kv-cache-memory", "2G"])
     assert args.served_model_name == ["a", "b"] and args.kv_cache_memory == 2 << 30
-    text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore
+    text = serve.format_help()
     for option in ("--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
                    "--max-num-batched-tokens", "--block-size", "--kv-cache-memory",
                    "--memory-utilization", "--dtype", "--seed", "--threads", "--api-key",
@@ -122,7 +122,8 @@ def test_generation_defaults(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 def test_metrics_text() -> None:
     m = ServerMetrics()
-    out = RequestOutput("r", None, [1, 2, 3], [CompletionOutput(0, "x", [5, 6], finish_reason="length")],
+    comp = CompletionOutput(0, "x", [5, 6], finish_reason="length")
+    out = RequestOutput("r", None, [1, 2, 3], [comp],
                         finished=True, metrics={"arrival_time": 1.0, "first_token_time": 1.5,
                                                 "finished_time": 2.0})
     m.record(out)

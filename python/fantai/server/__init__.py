@@ -1,1 +1,1 @@
-"""HTTP serving room: OpenAI- and Anthropic-compatible API over the async engine (`fantai serve`)."""
+"""Server room: OpenAI- and Anthropic-compatible HTTP API over the async engine (`fantai serve`)."""

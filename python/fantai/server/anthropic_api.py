@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -15,10 +15,23 @@ from fantai.sampling_params import SamplingParams
 from fantai.server.chat import ToolPlan, content_text, encode_chat, plan_tools, render_prompt
 from fantai.server.errors import APIError
 from fantai.server.params import _pick, check_max_tokens, stop_list
-from fantai.server.protocol import (AnthropicMessage, CountTokensRequest, MessagesRequest,
-                                    NamedFunction, NamedToolChoice)
-from fantai.server.serving import (EngineCall, collect, generate, new_id, primed, sse,
-                                   sse_response, until_disconnect)
+from fantai.server.protocol import (
+    AnthropicMessage,
+    CountTokensRequest,
+    MessagesRequest,
+    NamedFunction,
+    NamedToolChoice,
+)
+from fantai.server.serving import (
+    EngineCall,
+    collect,
+    generate,
+    new_id,
+    primed,
+    sse,
+    sse_response,
+    until_disconnect,
+)
 from fantai.server.state import ServerContext
 from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser
 
@@ -135,7 +148,7 @@ def _tool_block(call: ParsedToolCall) -> dict[str, Any]:
 
 def _message_body(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPlan,
                   comp: CompletionOutput) -> dict[str, Any]:
-    content, calls = comp.text, []
+    content, calls = comp.text, list[ParsedToolCall]()
     if plan.parse and ctx.tool_parser is not None:
         content, calls = ctx.tool_parser.extract(plan.prefix + comp.text)
     blocks: list[dict[str, Any]] = []
@@ -189,8 +202,8 @@ class _EventWriter:
 
 
 async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPlan
-                  ) -> AsyncIterator[str]:
-    start = {"id": call.request_id, "type": "message", "role": "assistant", "model": model,
+                  ) -> AsyncGenerator[str, None]:
+    start: dict[str, Any] = {"id": call.request_id, "type": "message", "role": "assistant", "model": model,
              "content": [], "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": 0}}
     yield sse({"type": "message_start", "message": start}, "message_start")
@@ -204,7 +217,7 @@ async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
         async for _, out in outs:
             comp = out.outputs[0]
             if tools is None:
-                piece, calls = comp.text[sent:], []
+                piece, calls = comp.text[sent:], list[ParsedToolCall]()
                 sent = len(comp.text)
             else:
                 step = tools.finish(comp.text) if comp.finish_reason else tools.feed(comp.text)

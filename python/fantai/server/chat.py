@@ -1,4 +1,4 @@
-"""Server room: chat messages and tools -> model prompt text (template, tool choice, forced prefix)."""
+"""Server room: chat messages and tools -> prompt text (template, tool choice, forced prefix)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def render_prompt(ctx: ServerContext, messages: list[dict[str, Any]], plan: Tool
             chat_template=getattr(ctx.engine, "chat_template", None), **(template_kwargs or {}))
     except APIError:
         raise
-    except Exception as exc:  # template errors (e.g. roles out of order) are the client's
+    except Exception as exc:  # noqa: BLE001  (template errors are the client's)
         raise APIError(f"Could not apply the chat template: {exc}", param="messages") from None
     return text + plan.prefix
 

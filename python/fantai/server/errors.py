@@ -40,7 +40,8 @@ def error_body(path: str, status: int, message: str, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     """The error JSON for `path`: Anthropic's shape on /v1/messages, OpenAI's elsewhere."""
     if is_anthropic_path(path):
-        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        fallback = "api_error" if status >= 500 else "invalid_request_error"
+        kind = _ANTHROPIC_TYPES.get(status, fallback)
         return {"type": "error", "error": {"type": kind, "message": message}}
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,4 +1,4 @@
-"""Server room: Prometheus text-format metrics (request counts, token counters, latency histograms, KV)."""
+"""Server room: Prometheus text metrics (requests, tokens, latency histograms, KV blocks)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ class ServerMetrics:
 
     def _observe_times(self, out: RequestOutput) -> None:
         m = out.metrics
-        arrival, first, done = m.get("arrival_time"), m.get("first_token_time"), m.get("finished_time")
+        arrival, done = m.get("arrival_time"), m.get("finished_time")
+        first = m.get("first_token_time")
         if arrival is None or done is None:
             return
         self.e2e.observe(max(done - arrival, 0.0))
@@ -95,7 +96,8 @@ class ServerMetrics:
         lines += _metric("gauge", "num_requests_waiting", "Requests waiting to be scheduled.",
                          [("", stats.get("num_waiting", 0))])
         lines += _metric("counter", "request_success_total", "Finished sequences by reason.",
-                         [(f'{{finished_reason="{k}"}}', v) for k, v in sorted(self.finished.items())])
+                         [(f'{{finished_reason="{k}"}}', v)
+                          for k, v in sorted(self.finished.items())])
         lines += _metric("counter", "prompt_tokens_total", "Prefilled prompt tokens.",
                          [("", self.prompt_tokens)])
         lines += _metric("counter", "generation_tokens_total", "Generated tokens.",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +17,19 @@ from fantai.server.chat import ToolPlan, encode_chat, plan_tools, render_prompt,
 from fantai.server.errors import APIError
 from fantai.server.params import build_sampling_params, check_max_tokens, check_token_ids
 from fantai.server.protocol import ChatCompletionRequest, CompletionRequest, PromptT
-from fantai.server.serving import (EngineCall, collect, generate, new_id, primed, sse,
-                                   sse_response, token_text, top_entries, until_disconnect, usage)
+from fantai.server.serving import (
+    EngineCall,
+    collect,
+    generate,
+    new_id,
+    primed,
+    sse,
+    sse_response,
+    token_text,
+    top_entries,
+    until_disconnect,
+    usage,
+)
 from fantai.server.state import ServerContext
 from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser
 
@@ -118,7 +129,7 @@ def _completion_logprobs(ctx: ServerContext, comp: CompletionOutput, start: int,
 
 def _completion_body(ctx: ServerContext, reply: _Reply, finals: list[RequestOutput]
                      ) -> dict[str, Any]:
-    choices = []
+    choices: list[dict[str, Any]] = []
     generated = 0
     for i, out in enumerate(finals):
         for comp in out.outputs:
@@ -129,13 +140,13 @@ def _completion_body(ctx: ServerContext, reply: _Reply, finals: list[RequestOutp
             choices.append({"index": i * reply.n + comp.index, "text": prefix + comp.text,
                             "logprobs": lps, "finish_reason": comp.finish_reason,
                             "stop_reason": comp.stop_reason})
-    choices.sort(key=lambda c: c["index"])
+    choices.sort(key=lambda c: int(c["index"]))
     return {"id": reply.id, "object": "text_completion", "created": reply.created,
             "model": reply.model, "choices": choices,
             "usage": usage(reply.prompt_tokens(), generated)}
 
 
-async def _completion_chunks(ctx: ServerContext, reply: _Reply) -> AsyncIterator[str]:
+async def _completion_chunks(ctx: ServerContext, reply: _Reply) -> AsyncGenerator[str, None]:
     sent_text: dict[int, int] = {}
     sent_tok: dict[int, int] = {}
     done: set[int] = set()
@@ -191,7 +202,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     text = render_prompt(ctx, template_messages(body.messages), plan,
                          body.add_generation_prompt, body.chat_template_kwargs)
     ids = encode_chat(ctx, text)
-    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    asked = body.max_completion_tokens
+    if asked is None:
+        asked = body.max_tokens
     max_tokens = check_max_tokens(asked, len(ids), ctx.max_model_len, ctx.defaults.max_tokens)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
@@ -232,7 +245,7 @@ def _chat_body(ctx: ServerContext, reply: _Reply, plan: ToolPlan, out: RequestOu
                ) -> dict[str, Any]:
     choices = []
     for comp in out.outputs:
-        content, calls = comp.text, []
+        content, calls = comp.text, list[ParsedToolCall]()
         if plan.parse and ctx.tool_parser is not None:
             content, calls = ctx.tool_parser.extract(plan.prefix + comp.text)
         message: dict[str, Any] = {"role": "assistant",
@@ -277,7 +290,7 @@ def _chat_deltas(ctx: ServerContext, reply: _Reply, comp: CompletionOutput, st: 
     return deltas, lps
 
 
-async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan) -> AsyncIterator[str]:
+async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan) -> AsyncGenerator[str, None]:
     head = {"id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
             "model": reply.model}
 
@@ -306,7 +319,8 @@ async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan) -> Asy
                     st.done = True
                     generated += len(comp.token_ids)
                     called = st.tools is not None and st.tools.calls_sent > 0
-                    yield chunk(comp.index, {}, None, "tool_calls" if called else comp.finish_reason)
+                    reason = "tool_calls" if called else comp.finish_reason
+                    yield chunk(comp.index, {}, None, reason)
     if reply.include_usage:
         yield sse({**head, "choices": [], "usage": usage(reply.prompt_tokens(), generated)})
     yield sse("[DONE]")

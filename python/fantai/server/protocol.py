@@ -55,7 +55,8 @@ class SamplingFields(_Strict):
     service_tier: str | None = None
 
 
-PromptT = Union[str, list[str], list[int], list[list[int]]]
+# A runtime alias (pydantic reads it on 3.10 too), hence Union.
+PromptT = Union[str, list[str], list[int], list[list[int]]]  # noqa: UP007
 
 
 class CompletionRequest(SamplingFields):

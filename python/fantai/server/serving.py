@@ -1,11 +1,12 @@
-"""Server room: engine calls for HTTP requests (merging n prompts, aborting on disconnect, SSE framing)."""
+"""Server room: engine calls for HTTP requests (merged prompts, abort on disconnect, SSE)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,7 +40,7 @@ class ClientGone(Exception):
     """The HTTP client went away before its answer was ready."""
 
 
-async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncIterator[RequestOutput]:
+async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncGenerator[RequestOutput, None]:
     """engine.generate, with metrics on finish and an explicit abort if left early."""
     final_seen = False
     last: RequestOutput | None = None
@@ -68,15 +69,13 @@ async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncIterator[Reques
 
 
 def _abort(ctx: ServerContext, call: EngineCall) -> None:
-    try:
+    with contextlib.suppress(KeyError, ValueError, RuntimeError):  # already gone: nothing to free
         ctx.engine.abort(call.request_id)
-    except Exception:  # already gone: nothing to free
-        pass
     ctx.metrics.finished["abort"] = ctx.metrics.finished.get("abort", 0) + call.params.n
 
 
 async def _merged(ctx: ServerContext, calls: list[EngineCall]
-                  ) -> AsyncIterator[tuple[int, RequestOutput]]:
+                  ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, call: EngineCall) -> None:
@@ -85,7 +84,7 @@ async def _merged(ctx: ServerContext, calls: list[EngineCall]
                 async for out in outs:
                     queue.put_nowait((i, out))
             queue.put_nowait((i, None))
-        except Exception as exc:  # handed to the consumer; CancelledError just ends the pump
+        except Exception as exc:  # noqa: BLE001  (re-raised by the consumer)
             queue.put_nowait((i, exc))
 
     tasks = [asyncio.create_task(pump(i, c)) for i, c in enumerate(calls)]
@@ -106,7 +105,7 @@ async def _merged(ctx: ServerContext, calls: list[EngineCall]
 
 
 async def generate(ctx: ServerContext, calls: list[EngineCall]
-                   ) -> AsyncIterator[tuple[int, RequestOutput]]:
+                   ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """(call index, cumulative RequestOutput) as each engine step lands, for all calls at once."""
     if len(calls) == 1:
         async with aclosing(_guarded(ctx, calls[0])) as outs:

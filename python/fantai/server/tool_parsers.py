@@ -1,4 +1,4 @@
-"""Server room: tool-call parsers (hermes, llama3_json, mistral) over generated text, full and streamed."""
+"""Server room: tool-call parsers (hermes, llama3_json, mistral), on whole and streamed text."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class HermesParser(ToolParser):
             closed = bool(m.group(2))
             if not closed and not final:
                 break
-            values, rest = _decode_objects(m.group(1).strip())
+            values, _ = _decode_objects(m.group(1).strip())
             for value in values:
                 call = _call_from_obj(value)
                 if call is not None:
@@ -119,7 +119,7 @@ class HermesParser(ToolParser):
 
 
 class Llama3JsonParser(ToolParser):
-    """Llama 3.x: the reply is `{"name": ..., "parameters": {...}}` (`;`-separated), maybe tagged."""
+    """Llama 3.x: the reply is `{"name": ..., "parameters": {...}}`, `;`-separated, maybe tagged."""
 
     name = "llama3_json"
     markers = ("<|python_tag|>", "{")
@@ -194,7 +194,8 @@ def get_parser(name: str) -> ToolParser:
     try:
         return PARSERS[name]()
     except KeyError:
-        raise ValueError(f"unknown tool-call parser {name!r}; choose from {sorted(PARSERS)}") from None
+        choices = ", ".join(sorted(PARSERS))
+        raise ValueError(f"unknown tool-call parser {name!r}; choose from {choices}") from None
 
 
 @dataclass(slots=True)
@@ -206,7 +207,7 @@ class ToolStreamDelta:
 class StreamingToolParser:
     """Feeds cumulative text; yields content that is surely not a call, then each finished call."""
 
-    __slots__ = ("parser", "prefix", "text", "content_sent", "calls_sent", "start")
+    __slots__ = ("calls_sent", "content_sent", "parser", "prefix", "start", "text")
 
     def __init__(self, parser: ToolParser, prefix: str = "") -> None:
         self.parser = parser

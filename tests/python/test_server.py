@@ -192,6 +192,9 @@ def test_seed_reproducible_and_n(client: openai.OpenAI) -> None:
 
     assert sample(7) == sample(7)
     assert sample(7) != sample(8)
+    best = client.completions.create(model="tiny", prompt="hello alpha", max_tokens=8,
+                                     temperature=3.0, seed=3, n=2, best_of=4)
+    assert sorted(c.index for c in best.choices) == [0, 1]
     four = sample(11, n=4)
     assert len(four) == 4 and len(set(four)) > 1
     assert sample(11, n=4) == four
@@ -533,6 +536,11 @@ BAD_CASES: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("unknown tool", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
       "tool_choice": {"type": "function", "function": {"name": "nope"}}}, {}, 400, "nope"),
+    ("stream_options without stream", "/v1/completions",
+     {"model": "tiny", "prompt": "x", "stream_options": {"include_usage": True}}, {}, 400,
+     "stream_options"),
+    ("best_of streamed", "/v1/completions",
+     {"model": "tiny", "prompt": "x", "n": 1, "best_of": 2, "stream": True}, {}, 400, "best_of"),
     ("wrong key", "/v1/completions", {"model": "tiny", "prompt": "x"},
      {"Authorization": "Bearer wrong"}, 401, "API key"),
     ("missing key", "/v1/models", None, {"Authorization": ""}, 401, "API key"),

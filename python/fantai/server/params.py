@@ -116,6 +116,8 @@ def build_sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int
                        param="best_of")
     if req.stream and req.best_of is not None and req.best_of > req.n:
         raise APIError("best_of > n cannot be streamed.", param="best_of")
+    if req.stream_options is not None and not req.stream:
+        raise APIError("stream_options needs stream: true.", param="stream_options")
     check_token_ids(req.stop_token_ids or [], vocab_size, "stop_token_ids")
     top_k = _pick(req.top_k, defaults.top_k, 0)
     try:

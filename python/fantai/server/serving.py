@@ -62,6 +62,9 @@ async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncGenerator[Reque
     except ValueError as exc:
         final_seen = True  # refused before it started: nothing to abort
         raise APIError(str(exc)) from None
+    except RuntimeError as exc:  # e.g. the engine is shutting down
+        final_seen = True
+        raise APIError(f"The engine cannot take this request: {exc}", status=503) from None
     finally:
         ctx.active.discard(call.request_id)
         if not final_seen:

@@ -279,6 +279,18 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
     for c in content:
         assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
         assert c.bytes == list(c.token.encode())
+    streamed = []
+    for chunk in client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0,
+            logprobs=True, top_logprobs=3, max_tokens=4, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.content
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    tokens: list[str] = []
+    for chunk in client.completions.create(model="tiny", prompt="hello alpha", max_tokens=4,
+                                           temperature=0, logprobs=1, stream=True):
+        tokens += chunk.choices[0].logprobs.tokens if chunk.choices[0].logprobs else []
+    assert tokens == [" beta", " gamma", " delta", " epsilon"]
 
 
 def test_tool_calls(client: openai.OpenAI) -> None:

@@ -33,7 +33,7 @@ from fantai.server.serving import (
     until_disconnect,
 )
 from fantai.server.state import ServerContext
-from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser
+from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta
 
 router = APIRouter()
 
@@ -141,8 +141,12 @@ def _stop_info(comp: CompletionOutput, called: bool) -> tuple[str, str | None]:
     return "end_turn", None
 
 
+def _tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def _tool_block(call: ParsedToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name,
+    return {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name,
             "input": call.input_dict()}
 
 
@@ -188,24 +192,33 @@ class _EventWriter:
         self.index += 1
         return [sse({"type": "content_block_stop", "index": self.index - 1}, "content_block_stop")]
 
-    def tool(self, call: ParsedToolCall) -> list[str]:
-        out = self.close_text()
-        block = {**_tool_block(call), "input": {}}
+    def tool(self, piece: ToolCallDelta) -> list[str]:
+        """A tool_use block opens with the call's first piece and closes with its last."""
+        out: list[str] = []
         i = self.index
-        out.append(sse({"type": "content_block_start", "index": i, "content_block": block},
-                       "content_block_start"))
-        out.append(sse({"type": "content_block_delta", "index": i, "delta": {
-            "type": "input_json_delta", "partial_json": call.arguments}}, "content_block_delta"))
-        out.append(sse({"type": "content_block_stop", "index": i}, "content_block_stop"))
-        self.index += 1
+        if piece.id is not None:
+            out += self.close_text()
+            i = self.index
+            block = {"type": "tool_use", "id": _tool_use_id(piece.id), "name": piece.name or "",
+                     "input": {}}
+            out.append(sse({"type": "content_block_start", "index": i, "content_block": block},
+                           "content_block_start"))
+        if piece.arguments:
+            out.append(sse({"type": "content_block_delta", "index": i, "delta": {
+                "type": "input_json_delta", "partial_json": piece.arguments}},
+                "content_block_delta"))
+        if piece.done:
+            out.append(sse({"type": "content_block_stop", "index": i}, "content_block_stop"))
+            self.index += 1
         return out
 
 
 async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPlan
                   ) -> AsyncGenerator[str, None]:
-    start: dict[str, Any] = {"id": call.request_id, "type": "message", "role": "assistant", "model": model,
-             "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": 0}}
+    start: dict[str, Any] = {
+        "id": call.request_id, "type": "message", "role": "assistant", "model": model,
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": 0}}
     yield sse({"type": "message_start", "message": start}, "message_start")
     yield sse({"type": "ping"}, "ping")
     parser = ctx.tool_parser if plan.parse else None
@@ -217,7 +230,7 @@ async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
         async for _, out in outs:
             comp = out.outputs[0]
             if tools is None:
-                piece, calls = comp.text[sent:], list[ParsedToolCall]()
+                piece, calls = comp.text[sent:], list[ToolCallDelta]()
                 sent = len(comp.text)
             else:
                 step = tools.finish(comp.text) if comp.finish_reason else tools.feed(comp.text)
@@ -228,7 +241,7 @@ async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
                 for chunk in writer.tool(c):
                     yield chunk
     assert comp is not None
-    called = tools is not None and tools.calls_sent > 0
+    called = tools is not None and tools.called
     if writer.index == 0 and not writer.text_open:
         for chunk in writer.text(""):
             yield chunk

@@ -31,7 +31,7 @@ from fantai.server.serving import (
     usage,
 )
 from fantai.server.state import ServerContext
-from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser
+from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta
 
 router = APIRouter()
 
@@ -220,10 +220,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     return JSONResponse(_chat_body(ctx, reply, plan, finals[0]))
 
 
-def tool_call_json(call: ParsedToolCall, index: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": call.id, "type": "function",
-                           "function": {"name": call.name, "arguments": call.arguments}}
-    return out if index is None else {"index": index, **out}
+def tool_call_json(call: ParsedToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_call_delta_json(piece: ToolCallDelta) -> dict[str, Any]:
+    """A streamed tool-call piece: id, type and name only on the call's first piece."""
+    out: dict[str, Any] = {"index": piece.index}
+    function: dict[str, str] = {"arguments": piece.arguments}
+    if piece.id is not None:
+        out.update(id=piece.id, type="function")
+        function["name"] = piece.name or ""
+    out["function"] = function
+    return out
 
 
 def _chat_logprobs(ctx: ServerContext, comp: CompletionOutput, start: int, k: int
@@ -279,8 +289,8 @@ def _chat_deltas(ctx: ServerContext, reply: _Reply, comp: CompletionOutput, st: 
         step = st.tools.finish(comp.text) if comp.finish_reason else st.tools.feed(comp.text)
         if step.content:
             deltas.append({"content": step.content})
-        base = st.tools.calls_sent - len(step.calls)
-        deltas += [{"tool_calls": [tool_call_json(c, base + j)]} for j, c in enumerate(step.calls)]
+        deltas += [{"tool_calls": [tool_call_delta_json(piece)]} for piece in step.calls
+                   if piece.id is not None or piece.arguments]
     elif len(comp.text) > st.text:
         deltas.append({"content": comp.text[st.text:]})
     lps = None
@@ -290,7 +300,8 @@ def _chat_deltas(ctx: ServerContext, reply: _Reply, comp: CompletionOutput, st: 
     return deltas, lps
 
 
-async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan) -> AsyncGenerator[str, None]:
+async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan
+                       ) -> AsyncGenerator[str, None]:
     head = {"id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
             "model": reply.model}
 
@@ -318,7 +329,7 @@ async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan) -> Asy
                 if comp.finish_reason:
                     st.done = True
                     generated += len(comp.token_ids)
-                    called = st.tools is not None and st.tools.calls_sent > 0
+                    called = st.tools is not None and st.tools.called
                     reason = "tool_calls" if called else comp.finish_reason
                     yield chunk(comp.index, {}, None, reason)
     if reply.include_usage:

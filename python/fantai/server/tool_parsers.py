@@ -11,11 +11,16 @@ from typing import Any
 _DECODER = json.JSONDecoder()
 
 
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass(slots=True)
 class ParsedToolCall:
     name: str
     arguments: str  # a JSON object, as text
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    id: str = field(default_factory=new_call_id)
+    raw_arguments: str | None = None  # the model's own arguments text, when laid out name-first
 
     def input_dict(self) -> dict[str, Any]:
         try:
@@ -40,9 +45,10 @@ def _call_from_obj(obj: Any, args_keys: tuple[str, ...] = ("arguments", "paramet
     return ParsedToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
-def _decode_objects(text: str, seps: str = " \t\r\n;,") -> tuple[list[Any], str]:
-    """Consecutive JSON values in `text` (separated by `seps`), and the undecodable rest."""
-    values: list[Any] = []
+def _decode_spans(text: str, seps: str = " \t\r\n;,") -> tuple[list[tuple[Any, str]], str]:
+    """Consecutive JSON values in `text` (separated by `seps`) with their source text, and the
+    undecodable rest."""
+    values: list[tuple[Any, str]] = []
     pos = 0
     while True:
         while pos < len(text) and text[pos] in seps:
@@ -50,10 +56,54 @@ def _decode_objects(text: str, seps: str = " \t\r\n;,") -> tuple[list[Any], str]
         if pos >= len(text):
             return values, ""
         try:
-            value, pos = _DECODER.raw_decode(text, pos)
+            value, end = _DECODER.raw_decode(text, pos)
         except json.JSONDecodeError:
             return values, text[pos:]
-        values.append(value)
+        values.append((value, text[pos:end]))
+        pos = end
+
+
+def _decode_objects(text: str, seps: str = " \t\r\n;,") -> tuple[list[Any], str]:
+    spans, rest = _decode_spans(text, seps)
+    return [v for v, _ in spans], rest
+
+
+# A call object that names its function first: what streaming needs to send arguments early.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,'
+                   r'\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def _split_head(text: str) -> tuple[str, str] | None:
+    """(function name, the text after `"arguments":`) of a name-first call object."""
+    m = _HEAD.match(text)
+    if m is None or not text[m.end():].startswith("{"):  # arguments as an object only
+        return None
+    try:
+        return json.loads(m.group(1)), text[m.end():]
+    except json.JSONDecodeError:
+        return None
+
+
+def _with_raw(call: ParsedToolCall | None, source: str) -> ParsedToolCall | None:
+    """`call` plus the exact arguments text from its complete object `source`."""
+    head = _split_head(source)
+    if call is None or head is None:
+        return call
+    try:
+        _, end = _DECODER.raw_decode(head[1])
+    except json.JSONDecodeError:
+        return call
+    call.raw_arguments = head[1][:end]
+    return call
+
+
+def _settled(args_text: str, closer: str = "") -> str:
+    """The part of a growing arguments text that cannot be the call's own closing tail."""
+    for size in range(min(len(args_text), len(closer)), 0, -1):
+        if closer.startswith(args_text[-size:]):
+            args_text = args_text[:-size]
+            break
+    return args_text.rstrip(" \t\r\n}")
 
 
 class ToolParser:
@@ -77,6 +127,10 @@ class ToolParser:
     def calls(self, tool_text: str, final: bool) -> list[ParsedToolCall] | None:
         """Complete calls in `tool_text`; at `final`, None means 'not a tool call after all'."""
         raise NotImplementedError
+
+    def partial(self, tool_text: str) -> tuple[str, str] | None:
+        """The call being written after the complete ones: (name, settled arguments text)."""
+        return None
 
     def forced_prefix(self, function_name: str | None) -> str:
         """Prompt text that opens a call (tool_choice required / named): no grammar engine yet."""
@@ -105,12 +159,21 @@ class HermesParser(ToolParser):
             closed = bool(m.group(2))
             if not closed and not final:
                 break
-            values, _ = _decode_objects(m.group(1).strip())
-            for value in values:
-                call = _call_from_obj(value)
+            spans, _ = _decode_spans(m.group(1).strip())
+            for value, source in spans:
+                call = _with_raw(_call_from_obj(value), source)
                 if call is not None:
                     found.append(call)
         return found
+
+    def partial(self, tool_text: str) -> tuple[str, str] | None:
+        last = None
+        for last in self._block.finditer(tool_text):
+            pass
+        if last is None or last.group(2):
+            return None
+        head = _split_head(last.group(1))
+        return None if head is None else (head[0], _settled(head[1], "</tool_call>"))
 
     def forced_prefix(self, function_name: str | None) -> str:
         if function_name is None:
@@ -138,11 +201,16 @@ class Llama3JsonParser(ToolParser):
 
     def calls(self, tool_text: str, final: bool) -> list[ParsedToolCall] | None:
         tool_text = tool_text.replace("<|python_tag|>", "")
-        values, rest = _decode_objects(tool_text)
-        found = [c for c in (_call_from_obj(v) for v in values) if c is not None]
-        if final and (rest.strip() or len(found) != len(values)):
+        spans, rest = _decode_spans(tool_text)
+        found = [c for c in (_with_raw(_call_from_obj(v), s) for v, s in spans) if c is not None]
+        if final and (rest.strip() or len(found) != len(spans)):
             return None
         return found
+
+    def partial(self, tool_text: str) -> tuple[str, str] | None:
+        _, rest = _decode_spans(tool_text.replace("<|python_tag|>", ""))
+        head = _split_head(rest)
+        return None if head is None else (head[0], _settled(head[1]))
 
     def forced_prefix(self, function_name: str | None) -> str:
         if function_name is None:
@@ -199,23 +267,41 @@ def get_parser(name: str) -> ToolParser:
 
 
 @dataclass(slots=True)
+class ToolCallDelta:
+    """One piece of a streamed call: `id` and `name` open it, `arguments` grow, `done` ends it."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+    done: bool = False
+
+
+@dataclass(slots=True)
 class ToolStreamDelta:
     content: str = ""
-    calls: list[ParsedToolCall] = field(default_factory=list)
+    calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 class StreamingToolParser:
-    """Feeds cumulative text; yields content that is surely not a call, then each finished call."""
+    """Feeds cumulative text; yields content that is surely not a call, then tool-call pieces:
+    a call's name as soon as it is known, its arguments as they settle (name-first layouts),
+    or the whole call at once when it is laid out otherwise."""
 
-    __slots__ = ("calls_sent", "content_sent", "parser", "prefix", "start", "text")
+    __slots__ = ("calls_done", "content_sent", "open", "parser", "prefix", "start", "text")
 
     def __init__(self, parser: ToolParser, prefix: str = "") -> None:
         self.parser = parser
         self.prefix = prefix  # forced call opening (tool_choice), never sent as content
         self.text = prefix
         self.content_sent = 0
-        self.calls_sent = 0
+        self.calls_done = 0
+        self.open: tuple[str, str] | None = None  # (id, arguments sent) of the call in progress
         self.start = parser.marker_index(prefix) if prefix else -1
+
+    @property
+    def called(self) -> bool:
+        return self.calls_done > 0 or self.open is not None
 
     def feed(self, generated: str) -> ToolStreamDelta:
         """`generated`: the cumulative generated text so far."""
@@ -226,9 +312,9 @@ class StreamingToolParser:
             end = len(self.text) - self.parser.hold_back(self.text)
             return self._content_until(end)
         delta = self._content_until(self.start)
-        calls = self.parser.calls(self.text[self.start:], final=False) or []
-        delta.calls = calls[self.calls_sent:]
-        self.calls_sent = max(self.calls_sent, len(calls))
+        tool_text = self.text[self.start:]
+        delta.calls = self._complete(self.parser.calls(tool_text, final=False) or [])
+        delta.calls += self._progress(self.parser.partial(tool_text))
         return delta
 
     def finish(self, generated: str | None = None) -> ToolStreamDelta:
@@ -236,12 +322,44 @@ class StreamingToolParser:
         if generated is not None:
             self.text = self.prefix + generated
         content, calls = self.parser.extract(self.text)
-        if not calls:
+        if not calls and not self.called:
             return self._content_until(len(self.text))
         delta = self._content_until(len(content))
-        delta.calls = calls[self.calls_sent:]
-        self.calls_sent = len(calls)
+        delta.calls = self._complete(calls)
+        if self.open is not None:  # a call that never closed: end it as it stands
+            delta.calls.append(ToolCallDelta(self.calls_done, done=True))
+            self.open = None
+            self.calls_done += 1
         return delta
+
+    def _complete(self, calls: list[ParsedToolCall]) -> list[ToolCallDelta]:
+        out: list[ToolCallDelta] = []
+        for call in calls[self.calls_done:]:
+            index = self.calls_done
+            if self.open is None:
+                out.append(ToolCallDelta(index, call.arguments, call.id, call.name, done=True))
+            else:
+                sent = self.open[1]
+                raw = call.raw_arguments or ""
+                rest = raw[len(sent):] if raw.startswith(sent) else ""
+                out.append(ToolCallDelta(index, rest, done=True))
+                self.open = None
+            self.calls_done += 1
+        return out
+
+    def _progress(self, partial: tuple[str, str] | None) -> list[ToolCallDelta]:
+        if partial is None:
+            return []
+        name, settled = partial
+        out: list[ToolCallDelta] = []
+        if self.open is None:
+            self.open = (new_call_id(), "")
+            out.append(ToolCallDelta(self.calls_done, "", self.open[0], name))
+        call_id, sent = self.open
+        if len(settled) > len(sent) and settled.startswith(sent):
+            out.append(ToolCallDelta(self.calls_done, settled[len(sent):]))
+            self.open = (call_id, settled)
+        return out
 
     def _content_until(self, end: int) -> ToolStreamDelta:
         if end <= self.content_sent:

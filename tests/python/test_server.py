@@ -613,6 +613,24 @@ def test_anthropic_errors(server: ServerProcess, claude: anthropic.Anthropic,
     assert ok.content[0].text == "Hello there"
 
 
+def test_chunked_oversized_body_is_413(server: ServerProcess, client: openai.OpenAI) -> None:
+    def body() -> Any:  # no Content-Length: the limit is counted while reading
+        yield b'{"model": "tiny", "prompt": "'
+        for _ in range(40):
+            yield b"x" * 65536
+        yield b'"}'
+
+    r = httpx.post(f"{server.base_url}/v1/completions", content=body(), timeout=30,
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 413 and "limit" in _openai_shape(r.json())
+    r = httpx.post(f"{server.base_url}/v1/messages", content=body(), timeout=30,
+                   headers={"x-api-key": KEY, "Content-Type": "application/json"})
+    assert r.status_code == 413 and _anthropic_shape(r.json(), "request_too_large")
+    good = client.completions.create(model="tiny", prompt="hello alpha", max_tokens=2,
+                                     temperature=0)
+    assert good.choices[0].text == cycle_text(" alpha", 2)
+
+
 def test_sdk_errors_and_no_leaks(server: ServerProcess, client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny", prompt="x", max_tokens=0)

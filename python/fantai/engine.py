@@ -70,8 +70,11 @@ class AsyncEngine:
                 await queue.get()
                 while not queue.empty():
                     queue.get_nowait()
+                # Read before yielding: the request may finish while the caller holds the
+                # output, and the finished state must still be yielded once more then.
+                finished = state.result.finished
                 yield state.result
-                if state.result.finished:
+                if finished:
                     return
         finally:
             if not state.result.finished:

@@ -119,6 +119,19 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def fantai_build() -> dict[str, Any]:
+    """Which fantai build this process loaded (the shared venv may be reinstalled between runs)."""
+    import hashlib
+
+    from fantai import _C
+
+    so = _C.__file__
+    with open(so, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    return {"so": so, "so_sha256": digest,
+            "so_mtime_utc": time.strftime("%H:%M:%S", time.gmtime(os.path.getmtime(so)))}
+
+
 def log(msg: str) -> None:
     print(f"[bench_offline {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -200,6 +213,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     import fantai
     from fantai import LLM, SamplingParams
     import_s = time.perf_counter() - t
+    build = fantai_build()  # read now, before anything can replace the file
 
     kw: dict[str, Any] = {}
     if args.kv_cache_memory:
@@ -239,7 +253,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     r.pop("results")
     log(f"fantai {dtype}: offline {sum(n_out) / wall:.1f} output tok/s")
     return {
-        "system": "fantai", "version": getattr(fantai, "__version__", "?"), "dtype": dtype,
+        "system": "fantai", "version": getattr(fantai, "__version__", "?"), "build": build, "dtype": dtype,
         "import_s": import_s, "load_s": load_s, "rss_after_load": rss_load,
         "ttft_s": median(ttft), "ttft_all_s": ttft,
         "decode_tok_s": median(decode), "decode_all_tok_s": decode,
@@ -360,10 +374,11 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             lines.append(f"| {names[r['system']]} | {r['dtype']} | failed: {r['error'][:80]} |"
                          + " |" * 8)
             continue
+        build = f" (_C {r['build']['so_sha256'][:7]})" if "build" in r else ""
         kv = (f"{fmt(r['kv_util_end'], '.3f')} / {fmt(r['kv_util_mean'], '.3f')}"
               if r["system"] == "fantai" else "–")
         lines.append(
-            f"| {names[r['system']]} {r.get('version', '')} | {r['dtype']} "
+            f"| {names[r['system']]} {r.get('version', '')}{build} | {r['dtype']} "
             f"| {fmt(r['offline_output_tok_s'], '.1f')} | {fmt(r['offline_total_tok_s'], '.0f')} "
             f"| {fmt(r['decode_tok_s'], '.1f')} | {fmt(r['ttft_s'] * 1e3, '.0f')} ms "
             f"| {fmt(r['load_s'], '.2f')} s | {r['peak_rss'] / 1e9:.2f} GB | {kv} "
@@ -399,6 +414,7 @@ def run_worker(spec: str, args: argparse.Namespace, workload_path: str) -> dict[
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(args.threads)
     env["TOKENIZERS_PARALLELISM"] = "false"
+    env["TQDM_DISABLE"] = "1"  # transformers' GGUF de-quantizing progress bar
     cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--_worker", spec,
            "--_workload", workload_path, "--_out", out_path]
     log(f"running {spec}")

@@ -61,6 +61,9 @@ class Backend {
   virtual void free(void* ptr) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Gives the physical pages of [ptr, ptr + bytes) back (contents become undefined, the range
+  // stays valid and is backed again on the next write). Default: keep them.
+  virtual void release_pages(void* ptr, size_t bytes) {}
 
   // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias != nullptr). w is row-major in w_dtype.
   virtual void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y,

@@ -41,6 +41,14 @@ py::dict stats_dict(const engine::EngineStats& s) {
   d["last_batch_tokens"] = s.last_batch_tokens;
   d["last_batch_decode_tokens"] = s.last_batch_decode;
   d["last_batch_prefill_tokens"] = s.last_batch_prefill;
+  d["num_cached_blocks"] = s.num_cached_blocks;
+  d["prefix_cache_queries"] = s.prefix_queries;
+  d["prefix_cache_hits"] = s.prefix_hits;
+  d["prefix_cache_hit_rate"] = s.prefix_queries ? static_cast<double>(s.prefix_hits) / s.prefix_queries : 0.0;
+  d["evictions"] = s.evictions;
+  d["copy_on_writes"] = s.copy_on_writes;
+  d["bytes_per_block"] = s.bytes_per_block;
+  d["num_releases"] = s.num_releases;
   return d;
 }
 
@@ -105,7 +113,9 @@ void bind_config(py::module_& m) {
       .def_readwrite("enable_chunked_prefill", &EngineConfig::enable_chunked_prefill)
       .def_readwrite("seed", &EngineConfig::seed)
       .def_readwrite("eos_token_ids", &EngineConfig::eos_token_ids)
-      .def_readwrite("kv_cache_dtype", &EngineConfig::kv_cache_dtype);
+      .def_readwrite("kv_cache_dtype", &EngineConfig::kv_cache_dtype)
+      .def_readwrite("enable_prefix_caching", &EngineConfig::enable_prefix_caching)
+      .def_readwrite("release_keep_cached_blocks", &EngineConfig::release_keep_cached_blocks);
 }
 
 void bind_model(py::module_& m) {
@@ -154,15 +164,19 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("finish_reason", [](const StepOutput& o) { return std::string(engine::finish_reason_name(o.finish_reason)); })
       .def_readonly("stop_token_id", &StepOutput::stop_token_id)
       .def_readonly("num_prompt_tokens", &StepOutput::num_prompt_tokens)
-      .def_readonly("num_output_tokens", &StepOutput::num_output_tokens);
+      .def_readonly("num_output_tokens", &StepOutput::num_output_tokens)
+      .def_readonly("queue_seconds", &StepOutput::queue_seconds);
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](std::shared_ptr<Model> model, const EngineConfig& c) {
              py::gil_scoped_release release;
              return std::make_shared<Engine>(std::move(model), c);
            }))
-      .def("add_request", &Engine::add_request)
+      .def("add_request", &Engine::add_request, py::arg("id"), py::arg("prompt"), py::arg("params"),
+           py::arg("siblings") = std::vector<std::pair<uint64_t, SamplingParams>>{})
       .def("abort_request", &Engine::abort_request)
+      .def("reset_prefix_cache", &Engine::reset_prefix_cache)
+      .def("release_memory", &Engine::release_memory, py::call_guard<py::gil_scoped_release>())
       .def("abort_all", &Engine::abort_all)
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
       .def("has_unfinished", &Engine::has_unfinished)
@@ -177,8 +191,12 @@ void bind_engine(py::module_& m) {
       .def(py::init<std::shared_ptr<Engine>>())
       .def("start", &EngineLoop::start)
       .def("stop", &EngineLoop::stop, py::call_guard<py::gil_scoped_release>())
-      .def("add_request", &EngineLoop::add_request)
+      .def("add_request", &EngineLoop::add_request, py::arg("id"), py::arg("prompt"), py::arg("params"),
+           py::arg("siblings") = std::vector<std::pair<uint64_t, SamplingParams>>{})
       .def("abort_request", &EngineLoop::abort_request)
+      .def("reset_prefix_cache", &EngineLoop::reset_prefix_cache)
+      .def("release_memory", &EngineLoop::release_memory)
+      .def("set_idle_release", &EngineLoop::set_idle_release)
       .def("wait_outputs", &EngineLoop::wait_outputs, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const EngineLoop& l) { return stats_dict(l.stats()); })
       .def("last_error", &EngineLoop::last_error);

@@ -3,6 +3,8 @@
 #include "cpu/cpu_backend.h"
 
 #include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -56,6 +58,14 @@ class CpuBackend final : public Backend {
   }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) std::memset(dst, 0, bytes);
+  }
+
+  // Only whole pages inside the range go back; the partial pages at its ends are kept.
+  void release_pages(void* ptr, size_t bytes) override {
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(ptr) + page - 1) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(ptr) + bytes) & ~(page - 1);
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
   }
 
   void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,

@@ -1,29 +1,41 @@
-// engine: the paged KV block pool (free list, per-sequence block tables, reference counts).
+// engine: the paged KV block pool: allocation, sharing, prefix cache with LRU eviction, CoW.
 #include "engine/block_manager.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/check.h"
 
 namespace fantai::engine {
 
-BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
-    : num_blocks_(num_blocks), block_size_(block_size) {
+BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching)
+    : num_blocks_(num_blocks), block_size_(block_size), prefix_caching_(enable_prefix_caching) {
   FANTAI_REQUIRE(num_blocks >= 0, "num_blocks must be >= 0, got " << num_blocks);
   FANTAI_REQUIRE(block_size >= 1, "block_size must be >= 1, got " << block_size);
-  ref_counts_.assign(num_blocks_, 0);
-  free_list_.reserve(num_blocks_);
-  // Pushed in reverse so block 0 is handed out first: allocation order is deterministic and easy
-  // to read in tests and logs.
-  for (int32_t b = num_blocks_ - 1; b >= 0; --b) free_list_.push_back(b);
+  const size_t n = static_cast<size_t>(num_blocks_);
+  ref_counts_.assign(n, 0);
+  fill_.assign(n, 0);
+  uid_.assign(n, 0);
+  parent_uid_.assign(n, 0);
+  key_.assign(n, 0);
+  tokens_.assign(prefix_caching_ ? n * block_size_ : 0, 0);
+  lru_prev_.assign(n, -1);
+  lru_next_.assign(n, -1);
+  in_lru_.assign(n, 0);
+  // Lowest id first: allocation order is deterministic, and touched memory stays compact.
+  for (int32_t b = 0; b < num_blocks_; ++b) clean_.insert(clean_.end(), b);
 }
 
-int32_t BlockManager::num_free_blocks() const { return static_cast<int32_t>(free_list_.size()); }
-
 bool BlockManager::can_allocate(const BlockTable& table, int32_t num_tokens) const {
-  const int32_t have = static_cast<int32_t>(table.blocks.size());
-  const int32_t need = blocks_for(num_tokens) - have;
+  const int32_t need = blocks_for(num_tokens) - static_cast<int32_t>(table.blocks.size());
   return need <= num_free_blocks();
+}
+
+void BlockManager::set_fill(int32_t block, int32_t fill) {
+  if (fill > fill_[block]) {
+    used_slots_ += fill - fill_[block];
+    fill_[block] = fill;
+  }
 }
 
 bool BlockManager::allocate(BlockTable& table, int32_t num_tokens) {
@@ -32,26 +44,61 @@ bool BlockManager::allocate(BlockTable& table, int32_t num_tokens) {
   // Check first so a short pool leaves the table and the pool exactly as they were.
   if (!can_allocate(table, num_tokens)) return false;
   const int32_t target = blocks_for(num_tokens);
-  while (static_cast<int32_t>(table.blocks.size()) < target) {
-    const int32_t b = free_list_.back();
-    free_list_.pop_back();
-    ref_counts_[b] = 1;
-    table.blocks.push_back(b);
+  while (static_cast<int32_t>(table.blocks.size()) < target) table.blocks.push_back(take_free_block());
+  const int32_t first = table.num_tokens / block_size_;
+  for (int32_t i = first; i < target; ++i) {
+    set_fill(table.blocks[i], std::min(block_size_, num_tokens - i * block_size_));
   }
-  used_slots_ += num_tokens - table.num_tokens;
   table.num_tokens = num_tokens;
   return true;
 }
 
+int32_t BlockManager::take_free_block() {
+  int32_t b;
+  if (!clean_.empty()) {
+    b = *clean_.begin();
+    clean_.erase(clean_.begin());
+  } else {
+    FANTAI_CHECK(lru_head_ >= 0, "take_free_block: the pool is empty");
+    b = lru_head_;  // least recently used cached block: evict its content
+    lru_remove(b);
+    auto it = cache_.find(key_[b]);
+    if (it != cache_.end() && it->second == b) cache_.erase(it);
+    key_[b] = 0;
+    ++stats_.evictions;
+  }
+  ref_counts_[b] = 1;
+  fill_[b] = 0;
+  uid_[b] = next_uid_++;  // new content: children keyed on the old uid can never match it
+  return b;
+}
+
+void BlockManager::release(int32_t b) {
+  used_slots_ -= fill_[b];
+  if (key_[b] != 0) {
+    lru_push_back(b);  // keeps its content (fill stays, the block is full) until evicted
+  } else {
+    make_clean(b);
+  }
+}
+
+void BlockManager::make_clean(int32_t b) {
+  fill_[b] = 0;
+  key_[b] = 0;
+  clean_.insert(b);
+}
+
 void BlockManager::free(BlockTable& table) {
-  for (int32_t b : table.blocks) {
+  // Tail first: a sequence's last blocks are the least likely to be shared, so evict them first.
+  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) {
+    const int32_t b = *it;
     FANTAI_CHECK(b >= 0 && b < num_blocks_ && ref_counts_[b] > 0,
                  "free: block " << b << " is not owned (double free or foreign table)");
-    if (--ref_counts_[b] == 0) free_list_.push_back(b);
+    if (--ref_counts_[b] == 0) release(b);
   }
-  used_slots_ -= table.num_tokens;
   table.blocks.clear();
   table.num_tokens = 0;
+  table.num_cached_blocks = 0;
 }
 
 void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
@@ -60,10 +107,138 @@ void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
     FANTAI_CHECK(b >= 0 && b < num_blocks_ && ref_counts_[b] > 0, "fork: block " << b << " is not owned");
     ++ref_counts_[b];
   }
-  dst.blocks = src.blocks;
-  dst.num_tokens = src.num_tokens;
-  // Each sequence counts its own slots: a shared block is used by both sequences.
-  used_slots_ += src.num_tokens;
+  dst = src;  // shared slots are counted once: used_slots does not change
+}
+
+// ---- LRU list of cached, unowned blocks ----------------------------------------------------------
+void BlockManager::lru_push_back(int32_t b) {
+  lru_prev_[b] = lru_tail_;
+  lru_next_[b] = -1;
+  if (lru_tail_ >= 0) lru_next_[lru_tail_] = b; else lru_head_ = b;
+  lru_tail_ = b;
+  in_lru_[b] = 1;
+  ++lru_size_;
+}
+
+void BlockManager::lru_remove(int32_t b) {
+  const int32_t p = lru_prev_[b], n = lru_next_[b];
+  if (p >= 0) lru_next_[p] = n; else lru_head_ = n;
+  if (n >= 0) lru_prev_[n] = p; else lru_tail_ = p;
+  lru_prev_[b] = lru_next_[b] = -1;
+  in_lru_[b] = 0;
+  --lru_size_;
+}
+
+// ---- prefix cache ---------------------------------------------------------------------------------
+uint64_t BlockManager::key_of(uint64_t parent_uid, const int32_t* tokens) const {
+  uint64_t h = parent_uid * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  for (int32_t i = 0; i < block_size_; ++i) {
+    h ^= static_cast<uint32_t>(tokens[i]);
+    h *= 0x100000001B3ull;
+    h ^= h >> 29;
+  }
+  return h ? h : 1;  // 0 means "not registered"
+}
+
+int32_t BlockManager::lookup(uint64_t parent_uid, const int32_t* tokens) const {
+  auto it = cache_.find(key_of(parent_uid, tokens));
+  if (it == cache_.end()) return -1;
+  const int32_t b = it->second;
+  const bool same = parent_uid_[b] == parent_uid &&
+                    std::memcmp(&tokens_[static_cast<size_t>(b) * block_size_], tokens,
+                                sizeof(int32_t) * block_size_) == 0;
+  return same ? b : -1;  // a key collision is a miss, never wrong KV
+}
+
+std::vector<int32_t> BlockManager::find_cached_prefix(const int32_t* tokens, int32_t max_tokens) const {
+  std::vector<int32_t> out;
+  if (!prefix_caching_) return out;
+  uint64_t parent = 0;
+  for (int32_t i = 0; (i + 1) * block_size_ <= max_tokens; ++i) {
+    const int32_t b = lookup(parent, tokens + static_cast<size_t>(i) * block_size_);
+    if (b < 0) break;
+    out.push_back(b);
+    parent = uid_[b];
+  }
+  return out;
+}
+
+int32_t BlockManager::num_evictable(const std::vector<int32_t>& blocks) const {
+  int32_t n = 0;
+  for (int32_t b : blocks) n += ref_counts_[b] == 0;
+  return n;
+}
+
+void BlockManager::take_cached(BlockTable& table, const std::vector<int32_t>& blocks) {
+  FANTAI_CHECK(table.blocks.empty(), "take_cached: table is not empty");
+  for (int32_t b : blocks) {
+    FANTAI_CHECK(key_[b] != 0, "take_cached: block " << b << " is not cached");
+    if (ref_counts_[b]++ == 0) {
+      lru_remove(b);
+      used_slots_ += fill_[b];
+    }
+  }
+  table.blocks = blocks;
+  table.num_tokens = static_cast<int32_t>(blocks.size()) * block_size_;
+  table.num_cached_blocks = static_cast<int32_t>(blocks.size());
+}
+
+void BlockManager::cache_full_blocks(BlockTable& table, const int32_t* tokens, int32_t num_computed) {
+  if (!prefix_caching_) return;
+  const int32_t full = std::min<int32_t>(num_computed / block_size_, static_cast<int32_t>(table.blocks.size()));
+  for (int32_t i = table.num_cached_blocks; i < full; ++i) {
+    const int32_t b = table.blocks[i];
+    if (key_[b] != 0) continue;  // registered already (shared through a fork)
+    const uint64_t parent = i ? uid_[table.blocks[i - 1]] : 0;
+    const int32_t* t = tokens + static_cast<size_t>(i) * block_size_;
+    const uint64_t key = key_of(parent, t);
+    if (cache_.count(key)) continue;  // same content cached elsewhere (or a collision): keep one
+    parent_uid_[b] = parent;
+    std::memcpy(&tokens_[static_cast<size_t>(b) * block_size_], t, sizeof(int32_t) * block_size_);
+    key_[b] = key;
+    cache_.emplace(key, b);
+  }
+  table.num_cached_blocks = std::max(table.num_cached_blocks, full);
+}
+
+void BlockManager::record_lookup(int32_t queried, int32_t hit) {
+  stats_.prefix_queries += queried;
+  stats_.prefix_hits += hit;
+}
+
+int32_t BlockManager::trim_cache(int32_t keep) {
+  int32_t n = 0;
+  while (lru_size_ > std::max(keep, 0)) {
+    const int32_t b = lru_head_;
+    lru_remove(b);
+    cache_.erase(key_[b]);
+    make_clean(b);
+    ++stats_.evictions;
+    ++n;
+  }
+  return n;
+}
+
+int32_t BlockManager::reset_prefix_cache() {
+  const int32_t n = trim_cache(0);
+  cache_.clear();  // owned blocks keep their KV but are no longer found by lookups
+  std::fill(key_.begin(), key_.end(), 0);
+  return n;
+}
+
+std::pair<int32_t, int32_t> BlockManager::copy_on_write(BlockTable& table, int32_t pos) {
+  const int32_t i = pos / block_size_;
+  if (i >= static_cast<int32_t>(table.blocks.size())) return {-1, -1};
+  const int32_t src = table.blocks[i];
+  if (ref_counts_[src] <= 1) return {-1, -1};
+  if (num_free_blocks() == 0) return {-2, -2};
+  const int32_t dst = take_free_block();
+  --ref_counts_[src];  // still owned by the other sharers
+  table.blocks[i] = dst;
+  set_fill(dst, std::min(block_size_, table.num_tokens - i * block_size_));
+  table.num_cached_blocks = std::min(table.num_cached_blocks, i);
+  ++stats_.copy_on_writes;
+  return {src, dst};
 }
 
 void BlockManager::check_invariants(const std::vector<const BlockTable*>& live) const {
@@ -71,13 +246,10 @@ void BlockManager::check_invariants(const std::vector<const BlockTable*>& live) 
   std::sort(sorted.begin(), sorted.end());
   FANTAI_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
                "check_invariants: a table is listed twice");
-
   // Expected ref counts and slot usage, derived from the live tables alone.
-  std::vector<int32_t> refs(num_blocks_, 0);
-  int64_t used = 0;
+  std::vector<int32_t> refs(num_blocks_, 0), fill(num_blocks_, 0);
   for (const BlockTable* t : live) {
     FANTAI_CHECK(t != nullptr, "check_invariants: null table");
-    FANTAI_CHECK(t->num_tokens >= 0, "table has negative num_tokens " << t->num_tokens);
     FANTAI_CHECK(static_cast<int32_t>(t->blocks.size()) == blocks_for(t->num_tokens),
                  "table holds " << t->blocks.size() << " blocks for " << t->num_tokens
                                 << " tokens (block_size " << block_size_ << ")");
@@ -85,24 +257,37 @@ void BlockManager::check_invariants(const std::vector<const BlockTable*>& live) 
     std::sort(mine.begin(), mine.end());
     FANTAI_CHECK(std::adjacent_find(mine.begin(), mine.end()) == mine.end(),
                  "a table references the same block twice");
-    for (int32_t b : t->blocks) {
+    for (size_t i = 0; i < t->blocks.size(); ++i) {
+      const int32_t b = t->blocks[i];
       FANTAI_CHECK(b >= 0 && b < num_blocks_, "table references block " << b << " out of range");
       ++refs[b];
+      fill[b] = std::max(fill[b], std::min(block_size_, t->num_tokens - static_cast<int32_t>(i) * block_size_));
     }
-    used += t->num_tokens;
   }
-
-  std::vector<char> in_free(num_blocks_, 0);
-  for (int32_t b : free_list_) {
-    FANTAI_CHECK(b >= 0 && b < num_blocks_, "free list holds block " << b << " out of range");
-    FANTAI_CHECK(!in_free[b], "block " << b << " is in the free list twice");
-    in_free[b] = 1;
+  int64_t used = 0, lru_count = 0;
+  for (int32_t b = lru_head_; b >= 0; b = lru_next_[b]) {
+    FANTAI_CHECK(in_lru_[b] && ++lru_count <= num_blocks_, "the LRU list is corrupt at block " << b);
   }
+  FANTAI_CHECK(lru_count == lru_size_, "LRU list holds " << lru_count << " blocks, size says " << lru_size_);
   for (int32_t b = 0; b < num_blocks_; ++b) {
     FANTAI_CHECK(ref_counts_[b] == refs[b], "block " << b << " has ref_count " << ref_counts_[b]
                                                     << " but " << refs[b] << " live references");
-    FANTAI_CHECK((ref_counts_[b] == 0) == (in_free[b] != 0),
-                 "block " << b << " must be free xor owned (ref_count " << ref_counts_[b] << ")");
+    const bool clean = clean_.count(b) != 0, cached = in_lru_[b] != 0;
+    if (ref_counts_[b] > 0) {
+      FANTAI_CHECK(!clean && !cached, "owned block " << b << " is also free");
+      FANTAI_CHECK(fill_[b] == fill[b], "block " << b << " fill " << fill_[b] << " but tables use " << fill[b]);
+      used += fill[b];
+    } else {
+      FANTAI_CHECK(clean != cached, "free block " << b << " must be clean xor cached");
+      FANTAI_CHECK(cached == (key_[b] != 0), "block " << b << " cached state and key disagree");
+    }
+    if (key_[b] != 0) {
+      auto it = cache_.find(key_[b]);
+      FANTAI_CHECK(it != cache_.end() && it->second == b, "registered block " << b << " missing from the cache map");
+    }
+  }
+  for (const auto& [key, b] : cache_) {
+    FANTAI_CHECK(key_[b] == key, "cache map entry for block " << b << " is stale");
   }
   FANTAI_CHECK(used == used_slots_, "used_slots is " << used_slots_ << " but live tables hold " << used);
 }

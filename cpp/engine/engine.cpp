@@ -53,7 +53,7 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
   }
   FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block ("
                                       << per_block << " bytes)");
-  blocks_ = std::make_unique<BlockManager>(num_blocks, config_.block_size);
+  blocks_ = std::make_unique<BlockManager>(num_blocks, config_.block_size, config_.enable_prefix_caching);
   cache_ = std::make_unique<model::KVCache>(mc, num_blocks, config_.block_size, kv_dtype, model_->backend());
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},
@@ -80,9 +80,15 @@ void Engine::validate_request(const std::vector<int32_t>& prompt, const Sampling
                                                          << pool_tokens << " tokens");
 }
 
-void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params) {
-  FANTAI_REQUIRE(requests_.find(id) == requests_.end(), "request id " << id << " is already in use");
+void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
+                         const std::vector<std::pair<uint64_t, SamplingParams>>& siblings) {
+  FANTAI_REQUIRE(requests_.find(id) == requests_.end() && pending_siblings_.find(id) == pending_siblings_.end(),
+                 "request id " << id << " is already in use");
   validate_request(prompt, params);
+  for (const auto& [sid, sp] : siblings) {
+    FANTAI_REQUIRE(sid != id && requests_.find(sid) == requests_.end(), "request id " << sid << " is already in use");
+    sp.validate(model_->config().vocab_size);
+  }
   auto r = std::make_unique<Request>();
   r->id = id;
   r->prompt = std::move(prompt);
@@ -91,13 +97,26 @@ void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const Samplin
   r->arrival_time = now_seconds();
   scheduler_->add(r.get());
   requests_.emplace(id, std::move(r));
+  if (!siblings.empty()) pending_siblings_[id] = siblings;
 }
 
 bool Engine::abort_request(uint64_t id) {
   auto it = requests_.find(id);
-  if (it == requests_.end()) return false;
+  if (it == requests_.end()) {
+    // A sibling not yet forked from its parent: drop it from the parent's list.
+    for (auto& [parent, list] : pending_siblings_) {
+      for (auto s = list.begin(); s != list.end(); ++s) {
+        if (s->first == id) {
+          list.erase(s);
+          return true;
+        }
+      }
+    }
+    return false;
+  }
   scheduler_->abort(it->second.get());
   requests_.erase(it);
+  pending_siblings_.erase(id);  // never forked: they go with their parent
   return true;
 }
 
@@ -107,8 +126,69 @@ std::vector<uint64_t> Engine::abort_all() {
     scheduler_->abort(r.get());
     ids.push_back(id);
   }
+  for (auto& [parent, list] : pending_siblings_) {
+    for (auto& sib : list) ids.push_back(sib.first);
+  }
   requests_.clear();
+  pending_siblings_.clear();
   return ids;
+}
+
+int32_t Engine::reset_prefix_cache() { return blocks_->reset_prefix_cache(); }
+
+int32_t Engine::release_memory() {
+  const int32_t keep = config_.release_keep_cached_blocks >= 0 ? config_.release_keep_cached_blocks
+                                                               : blocks_->num_blocks() / 8;
+  blocks_->trim_cache(keep);
+  // Runs of consecutive clean blocks: one release per run and layer.
+  int32_t released = 0, run_start = -1, prev = -2;
+  auto flush = [&] {
+    if (run_start >= 0) cache_->release_blocks(run_start, prev - run_start + 1, model_->backend());
+  };
+  for (int32_t b : blocks_->clean_blocks()) {
+    if (b != prev + 1) {
+      flush();
+      run_start = b;
+    }
+    prev = b;
+    ++released;
+  }
+  flush();
+  counters_.num_releases++;
+  return released;
+}
+
+void Engine::fork_siblings(Request* parent, std::vector<Request*>* children) {
+  auto it = pending_siblings_.find(parent->id);
+  if (it == pending_siblings_.end()) return;
+  for (const auto& [sid, sp] : it->second) {
+    auto c = std::make_unique<Request>();
+    c->id = sid;
+    c->prompt = parent->prompt;
+    c->params = sp;
+    c->rng.seed(sp.seed >= 0 ? static_cast<uint64_t>(sp.seed) : rng_());
+    c->arrival_time = parent->arrival_time;
+    c->first_scheduled_time = parent->first_scheduled_time;
+    c->num_computed_tokens = parent->num_computed_tokens;
+    blocks_->fork(parent->block_table, c->block_table);
+    scheduler_->add_running(c.get());
+    children->push_back(c.get());
+    requests_.emplace(sid, std::move(c));
+  }
+  pending_siblings_.erase(it);
+}
+
+void Engine::finish_pending_siblings(uint64_t parent, FinishReason reason, std::vector<StepOutput>* outs) {
+  auto it = pending_siblings_.find(parent);
+  if (it == pending_siblings_.end()) return;
+  for (const auto& sib : it->second) {
+    StepOutput o;
+    o.request_id = sib.first;
+    o.finished = true;
+    o.finish_reason = reason;
+    outs->push_back(o);
+  }
+  pending_siblings_.erase(it);
 }
 
 FinishReason Engine::check_stop(const Request& r, int32_t token, int32_t* stop_id) const {
@@ -143,6 +223,7 @@ std::vector<StepOutput> Engine::step() {
   for (Request* r : batch.finished_out_of_blocks) {
     FANTAI_LOG(kWarning, "request " << r->id << " needs more KV blocks than the pool has; finished (length)");
     outs.push_back(finish_output(*r, FinishReason::kLength));
+    finish_pending_siblings(r->id, FinishReason::kLength, &outs);
     requests_.erase(r->id);
   }
   if (!batch.preempted.empty()) {
@@ -166,43 +247,59 @@ std::vector<StepOutput> Engine::step() {
 
 void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vector<float>& logits,
                                     std::vector<StepOutput>* outs) {
-  std::vector<model::SampleRow> rows;
+  const int32_t vocab = model_->config().vocab_size;
   std::vector<Request*> sampled;
-  std::vector<std::vector<int32_t>> banned;
-  banned.reserve(batch.seqs.size());
   for (const ScheduledSeq& s : batch.seqs) {
-    if (!s.sample) continue;
-    Request* r = s.request;
-    banned.emplace_back();
-    if (static_cast<int32_t>(r->output.size()) < r->params.min_tokens) {
-      if (!r->params.ignore_eos) banned.back() = config_.eos_token_ids;
-      banned.back().insert(banned.back().end(), r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
-    }
-    rows.push_back({&r->params, &r->prompt, &r->output, &r->rng, banned.back().empty() ? nullptr : &banned.back()});
-    sampled.push_back(r);
+    if (s.sample) sampled.push_back(s.request);
   }
-  std::vector<model::SampleResult> results;
-  model::sample(const_cast<float*>(logits.data()), model_->config().vocab_size, rows, &results);
+  // Siblings fork at their parent's first sample and draw from the same logits row.
+  std::vector<float> expanded;
+  const float* rows_data = logits.data();
+  if (!pending_siblings_.empty()) {
+    expanded.assign(logits.begin(), logits.end());
+    const size_t num_parents = sampled.size();
+    for (size_t i = 0; i < num_parents; ++i) {
+      std::vector<Request*> children;
+      if (sampled[i]->output.empty()) fork_siblings(sampled[i], &children);
+      for (Request* c : children) {
+        sampled.push_back(c);
+        expanded.insert(expanded.end(), logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
+      }
+    }
+    rows_data = expanded.data();
+  }
+  std::vector<model::SampleRow> rows;
+  std::vector<std::vector<int32_t>> banned(sampled.size());
   for (size_t i = 0; i < sampled.size(); ++i) {
     Request* r = sampled[i];
-    const model::SampleResult& res = results[i];
-    r->output.push_back(res.token);
-    counters_.generation_tokens++;
-    StepOutput o;
-    o.request_id = r->id;
-    o.token_ids.push_back(res.token);
-    if (r->params.logprobs >= 0) o.logprobs.push_back({res.logprob, res.top});
-    else o.logprobs.push_back({res.logprob, {}});
-    o.finish_reason = check_stop(*r, res.token, &o.stop_token_id);
-    o.finished = o.finish_reason != FinishReason::kNone;
-    o.num_prompt_tokens = static_cast<int32_t>(r->prompt.size());
-    o.num_output_tokens = static_cast<int32_t>(r->output.size());
-    if (o.finished) {
-      scheduler_->finish(r, o.finish_reason);
-      requests_.erase(r->id);
+    if (static_cast<int32_t>(r->output.size()) < r->params.min_tokens) {
+      if (!r->params.ignore_eos) banned[i] = config_.eos_token_ids;
+      banned[i].insert(banned[i].end(), r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
     }
-    outs->push_back(std::move(o));
+    rows.push_back({&r->params, &r->prompt, &r->output, &r->rng, banned[i].empty() ? nullptr : &banned[i]});
   }
+  std::vector<model::SampleResult> results;
+  model::sample(const_cast<float*>(rows_data), vocab, rows, &results);
+  for (size_t i = 0; i < sampled.size(); ++i) postprocess(sampled[i], results[i], outs);
+}
+
+void Engine::postprocess(Request* r, const model::SampleResult& res, std::vector<StepOutput>* outs) {
+  r->output.push_back(res.token);
+  counters_.generation_tokens++;
+  StepOutput o;
+  o.request_id = r->id;
+  o.token_ids.push_back(res.token);
+  o.logprobs.push_back({res.logprob, r->params.logprobs >= 0 ? res.top : std::vector<std::pair<int32_t, float>>{}});
+  if (r->output.size() == 1) o.queue_seconds = r->first_scheduled_time - r->arrival_time;
+  o.finish_reason = check_stop(*r, res.token, &o.stop_token_id);
+  o.finished = o.finish_reason != FinishReason::kNone;
+  o.num_prompt_tokens = static_cast<int32_t>(r->prompt.size());
+  o.num_output_tokens = static_cast<int32_t>(r->output.size());
+  if (o.finished) {
+    scheduler_->finish(r, o.finish_reason);
+    requests_.erase(r->id);
+  }
+  outs->push_back(std::move(o));
 }
 
 EngineStats Engine::stats() const {
@@ -215,6 +312,14 @@ EngineStats Engine::stats() const {
   s.used_slots = blocks_->used_slots();
   s.allocated_slots = blocks_->allocated_slots();
   s.num_preemptions = scheduler_->num_preemptions();
+  const BlockStats& b = blocks_->stats();
+  s.num_cached_blocks = blocks_->num_cached_blocks();
+  s.prefix_queries = b.prefix_queries;
+  s.prefix_hits = b.prefix_hits;
+  s.evictions = b.evictions;
+  s.copy_on_writes = b.copy_on_writes;
+  s.bytes_per_block = static_cast<int64_t>(model::KVCache::bytes_per_block(
+      model_->config(), blocks_->block_size(), cache_->layout().dtype));
   return s;
 }
 

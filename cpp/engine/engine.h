@@ -16,6 +16,7 @@
 #include "engine/scheduler.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 namespace fantai::engine {
 
@@ -30,6 +31,9 @@ struct EngineConfig {
   uint64_t seed = 0;             // engine generator for requests without a seed
   std::vector<int32_t> eos_token_ids;  // empty: the model config's
   std::string kv_cache_dtype = "float32";
+  bool enable_prefix_caching = true;
+  // On release_memory(): cached (unowned) blocks kept for future prefix hits; < 0 = pool / 8.
+  int32_t release_keep_cached_blocks = -1;
 };
 
 struct TokenLogprob {
@@ -46,6 +50,7 @@ struct StepOutput {
   int32_t stop_token_id = -1;           // the stop/eos id that finished it, else -1
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;
+  double queue_seconds = -1.0;          // arrival to first scheduled, on the first token's output
 };
 
 struct EngineStats {
@@ -55,6 +60,11 @@ struct EngineStats {
   int64_t num_preemptions = 0, num_steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // computed so far (prefill incl. recompute)
   int64_t last_batch_tokens = 0, last_batch_decode = 0, last_batch_prefill = 0;
+  int64_t num_cached_blocks = 0;           // unowned blocks holding reusable prefix KV
+  int64_t prefix_queries = 0, prefix_hits = 0;  // tokens looked up / found in the prefix cache
+  int64_t evictions = 0, copy_on_writes = 0;
+  int64_t bytes_per_block = 0;
+  int64_t num_releases = 0;                 // release_memory() calls that returned pages
 };
 
 // Not thread-safe: one thread drives it (LLM.generate directly, or EngineLoop's thread).
@@ -63,12 +73,21 @@ class Engine {
   Engine(std::shared_ptr<model::Model> model, EngineConfig config);
 
   // Throws InvalidArgument (the request is not added) for bad params or a prompt that can't fit.
-  void add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params);
+  // `siblings` (n > 1): extra sequences that share this prompt's KV. They are forked from the
+  // request when it samples its first token (same logits, own params and generator), and the
+  // shared partial block is copied on write when they diverge.
+  void add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
+                   const std::vector<std::pair<uint64_t, SamplingParams>>& siblings = {});
   void validate_request(const std::vector<int32_t>& prompt, const SamplingParams& params) const;
   // Frees everything the request held. Returns false for an unknown (or finished) id.
   bool abort_request(uint64_t id);
   // Aborts every live request (after a failed step, or at shutdown); returns their ids.
   std::vector<uint64_t> abort_all();
+  // Drops the prefix cache (unowned cached blocks become clean). Returns blocks dropped.
+  int32_t reset_prefix_cache();
+  // Trims the prefix cache to release_keep_cached_blocks and gives the pages of every clean
+  // block back to the OS (they are backed again on next use). Returns blocks released.
+  int32_t release_memory();
   std::vector<StepOutput> step();
   bool has_unfinished() const { return scheduler_->has_unfinished(); }
   EngineStats stats() const;
@@ -83,6 +102,9 @@ class Engine {
                               std::vector<StepOutput>* outs);
   FinishReason check_stop(const Request& r, int32_t token, int32_t* stop_id) const;
   StepOutput finish_output(Request& r, FinishReason reason);
+  void postprocess(Request* r, const model::SampleResult& res, std::vector<StepOutput>* outs);
+  void fork_siblings(Request* parent, std::vector<Request*>* children);
+  void finish_pending_siblings(uint64_t parent, FinishReason reason, std::vector<StepOutput>* outs);
 
   std::shared_ptr<model::Model> model_;
   EngineConfig config_;
@@ -91,6 +113,7 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, SamplingParams>>> pending_siblings_;
   std::mt19937_64 rng_;
   EngineStats counters_;
 };

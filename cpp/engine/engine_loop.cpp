@@ -35,13 +35,36 @@ void EngineLoop::stop() {
   out_cv_.notify_all();
 }
 
-void EngineLoop::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params) {
+void EngineLoop::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
+                             const std::vector<std::pair<uint64_t, SamplingParams>>& siblings) {
   engine_->validate_request(prompt, params);  // reads config only: safe from any thread
+  for (const auto& sib : siblings) sib.second.validate(engine_->model_config().vocab_size);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    inbox_.push_back({id, std::move(prompt), params});
+    inbox_.push_back({id, std::move(prompt), params, siblings});
   }
   work_cv_.notify_one();
+}
+
+void EngineLoop::reset_prefix_cache() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reset_cache_ = true;
+  }
+  work_cv_.notify_one();
+}
+
+void EngineLoop::release_memory() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_now_ = true;
+  }
+  work_cv_.notify_one();
+}
+
+void EngineLoop::set_idle_release(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_release_seconds_ = seconds;
 }
 
 void EngineLoop::abort_request(uint64_t id) {
@@ -89,9 +112,10 @@ void EngineLoop::drain_inbox() {
     Pending p = std::move(inbox_.front());
     inbox_.pop_front();
     try {
-      engine_->add_request(p.id, std::move(p.prompt), p.params);
+      engine_->add_request(p.id, std::move(p.prompt), p.params, p.siblings);
     } catch (const std::exception& e) {
       abort_ids({p.id});
+      for (const auto& sib : p.siblings) abort_ids({sib.first});
       last_error_ = e.what();
     }
   }
@@ -104,12 +128,30 @@ void EngineLoop::drain_inbox() {
 void EngineLoop::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    work_cv_.wait(lock, [this] { return stop_ || !inbox_.empty() || !aborts_.empty() || engine_->has_unfinished(); });
+    auto has_work = [this] {
+      return stop_ || !inbox_.empty() || !aborts_.empty() || reset_cache_ || release_now_ ||
+             engine_->has_unfinished();
+    };
+    if (dirty_ && idle_release_seconds_ > 0) {
+      // Idle with pages touched since the last release: wait at most the idle period.
+      if (!work_cv_.wait_for(lock, std::chrono::duration<double>(idle_release_seconds_), has_work)) {
+        engine_->release_memory();
+        dirty_ = false;
+        stats_ = engine_->stats();
+        continue;
+      }
+    } else {
+      work_cv_.wait(lock, has_work);
+    }
     if (stop_) break;
     drain_inbox();
+    if (reset_cache_) engine_->reset_prefix_cache();
+    if (release_now_) engine_->release_memory();
+    reset_cache_ = release_now_ = false;
     stats_ = engine_->stats();
     if (!outbox_.empty()) out_cv_.notify_all();
     if (!engine_->has_unfinished()) continue;
+    dirty_ = true;
     lock.unlock();  // the step runs without the lock so producers never wait on the model
     std::vector<StepOutput> outs;
     std::string error;

@@ -26,7 +26,13 @@ class EngineLoop {
   void stop();
 
   // Validates synchronously (throws InvalidArgument) and queues the request.
-  void add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params);
+  void add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
+                   const std::vector<std::pair<uint64_t, SamplingParams>>& siblings = {});
+  void reset_prefix_cache();
+  // Calls Engine::release_memory() once the loop has been idle this long (<= 0: never).
+  void set_idle_release(double seconds);
+  // Asks the loop thread to release memory now (it owns the engine).
+  void release_memory();
   void abort_request(uint64_t id);
   // Blocks up to timeout_ms for outputs; returns whatever is queued (possibly nothing).
   std::vector<StepOutput> wait_outputs(int timeout_ms);
@@ -39,6 +45,7 @@ class EngineLoop {
     uint64_t id;
     std::vector<int32_t> prompt;
     SamplingParams params;
+    std::vector<std::pair<uint64_t, SamplingParams>> siblings;
   };
   void run();
   void drain_inbox();
@@ -55,6 +62,9 @@ class EngineLoop {
   std::string last_error_;
   bool stop_ = false;
   bool running_ = false;
+  bool reset_cache_ = false, release_now_ = false;
+  double idle_release_seconds_ = 0.0;
+  bool dirty_ = false;  // work ran since the last release
 };
 
 }  // namespace fantai::engine

@@ -62,6 +62,7 @@ void ModelRunner::prepare(const ScheduledBatch& batch) {
 
 const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
   prepare(batch);
+  for (const auto& [src, dst] : batch.block_copies) cache_->copy_block(src, dst, model_->backend());
   logits_.resize(static_cast<size_t>(fb_.num_logits) * model_->config().vocab_size);
   model_->forward(fb_, *cache_, logits_.data());
   return logits_;

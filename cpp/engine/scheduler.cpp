@@ -28,6 +28,20 @@ Scheduler::Scheduler(SchedulerConfig config, BlockManager* blocks) : config_(con
                  "max_num_batched_tokens must be >= 1, got " << config_.max_num_batched_tokens);
 }
 
+// The first n known tokens (prompt then output) of `r`, contiguous, for cache keys.
+void gather_tokens(const Request& r, int32_t n, std::vector<int32_t>* out) {
+  out->clear();
+  const int32_t np = static_cast<int32_t>(r.prompt.size());
+  out->insert(out->end(), r.prompt.begin(), r.prompt.begin() + std::min(n, np));
+  if (n > np) out->insert(out->end(), r.output.begin(), r.output.begin() + (n - np));
+}
+
+void Scheduler::add_running(Request* request) {
+  FANTAI_CHECK(request != nullptr && !request->block_table.blocks.empty(), "add_running: request holds no blocks");
+  request->status = RequestStatus::kRunning;
+  running_.push_back(request);
+}
+
 void Scheduler::add(Request* request) {
   FANTAI_REQUIRE(request != nullptr, "Scheduler::add: null request");
   // An empty prompt would give a zero-token chunk, which no step can make progress on.
@@ -73,7 +87,11 @@ void Scheduler::schedule_running(ScheduledBatch& batch) {
 // Allocates slots for `num_tokens` tokens of running `request`, preempting the most recently
 // admitted running requests until it fits. False when `request` itself had to leave running_.
 bool Scheduler::grow_or_preempt(Request* request, int32_t num_tokens, ScheduledBatch& batch) {
-  while (!blocks_->allocate(request->block_table, num_tokens)) {
+  for (;;) {
+    // A block shared since a fork gets a private copy before this step writes into it.
+    const auto cow = blocks_->copy_on_write(request->block_table, request->num_computed_tokens);
+    if (cow.first >= 0) batch.block_copies.push_back(cow);
+    if (cow.first != -2 && blocks_->allocate(request->block_table, num_tokens)) break;
     Request* victim = running_.back();
     if (victim != request) {
       preempt(victim, batch);
@@ -96,7 +114,17 @@ void Scheduler::admit_waiting(ScheduledBatch& batch) {
   while (!waiting_.empty() && budget_left(batch) > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    const int32_t remaining = r->num_tokens() - r->num_computed_tokens;
+    // Longest cached prefix of full blocks; at least the last token is always computed, since
+    // its logits are needed.
+    std::vector<int32_t> cached;
+    const bool fresh = r->block_table.blocks.empty() && blocks_->prefix_caching();
+    if (fresh) {
+      gather_tokens(*r, r->num_tokens(), &tokens_);
+      cached = blocks_->find_cached_prefix(tokens_.data(), r->num_tokens() - 1);
+    }
+    const int32_t computed = fresh ? static_cast<int32_t>(cached.size()) * blocks_->block_size()
+                                   : r->num_computed_tokens;
+    const int32_t remaining = r->num_tokens() - computed;
     const int32_t n = std::min(remaining, budget_left(batch));
     // Without chunked prefill the remainder must fit whole, unless it is longer than any budget
     // (a long prompt or a preempted sequence that outgrew it): waiting would then never end.
@@ -104,7 +132,15 @@ void Scheduler::admit_waiting(ScheduledBatch& batch) {
         remaining <= config_.max_num_batched_tokens) {
       break;
     }
-    if (!blocks_->allocate(r->block_table, r->num_computed_tokens + n)) {
+    const int32_t new_blocks = blocks_->blocks_for(computed + n) - static_cast<int32_t>(r->block_table.blocks.size()) -
+                               static_cast<int32_t>(cached.size());
+    const bool fits = blocks_->num_evictable(cached) + new_blocks <= blocks_->num_free_blocks();
+    if (fits && fresh) {
+      blocks_->take_cached(r->block_table, cached);
+      r->num_computed_tokens = computed;
+      blocks_->record_lookup(r->num_tokens(), computed);
+    }
+    if (!fits || !blocks_->allocate(r->block_table, computed + n)) {
       if (!running_.empty()) break;  // blocks come back as running requests finish
       // Nothing holds blocks that could come back and the full budget was offered: this
       // sequence can never start, so finish it rather than block the queue forever.
@@ -189,6 +225,11 @@ void Scheduler::on_step_done(const ScheduledBatch& batch) {
     FANTAI_CHECK(r->block_table.num_tokens == r->num_computed_tokens,
                  "request " << r->id << " table holds " << r->block_table.num_tokens << " slots for "
                             << r->num_computed_tokens << " computed tokens");
+    if (blocks_->prefix_caching() &&
+        r->num_computed_tokens / blocks_->block_size() > r->block_table.num_cached_blocks) {
+      gather_tokens(*r, r->num_computed_tokens, &tokens_);
+      blocks_->cache_full_blocks(r->block_table, tokens_.data(), r->num_computed_tokens);
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "engine/block_manager.h"
@@ -33,6 +34,9 @@ struct ScheduledBatch {
   // Running requests that could not grow even with every other request preempted (the pool is
   // smaller than one sequence): finished with FinishReason::kLength, blocks freed.
   std::vector<Request*> finished_out_of_blocks;
+  // {src, dst} physical blocks whose KV must be copied before this step's forward (copy-on-write
+  // of a block shared after a fork, made private before the first write into it).
+  std::vector<std::pair<int32_t, int32_t>> block_copies;
   bool empty() const { return seqs.empty(); }
 };
 
@@ -47,6 +51,9 @@ class Scheduler {
   Scheduler(SchedulerConfig config, BlockManager* blocks);
 
   void add(Request* request);
+  // Adds a request that already holds blocks and computed tokens (a child forked from a running
+  // parent for n > 1); it joins the running set behind the requests admitted before it.
+  void add_running(Request* request);
   ScheduledBatch schedule();
   // Advances num_computed_tokens of every scheduled sequence by its chunk.
   void on_step_done(const ScheduledBatch& batch);
@@ -81,6 +88,7 @@ class Scheduler {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the back is preempted first
   int64_t num_preemptions_ = 0;
+  std::vector<int32_t> tokens_;  // scratch for cache keys
 };
 
 }  // namespace fantai::engine

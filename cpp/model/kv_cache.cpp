@@ -15,11 +15,30 @@ KVCache::KVCache(const ModelConfig& c, int32_t num_blocks, int32_t block_size, D
   FANTAI_REQUIRE(num_blocks > 0, "the KV pool must hold at least one block");
   FANTAI_REQUIRE(block_size > 0 && block_size <= 1024, "block_size must be in [1, 1024]");
   layout_ = KVLayout{num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype};
-  layer_bytes_ = static_cast<size_t>(num_blocks) * c.num_kv_heads * block_size * c.head_dim *
-                 dtype_size(dtype);
+  block_bytes_ = static_cast<size_t>(c.num_kv_heads) * block_size * c.head_dim * dtype_size(dtype);
+  layer_bytes_ = static_cast<size_t>(num_blocks) * block_bytes_;
+  num_layers_ = c.num_layers;
   // Not zeroed: attention reads only slots written this or an earlier step, and untouched pages
   // cost no resident memory.
   buffer_ = Buffer(backend, layer_bytes_ * 2 * c.num_layers, /*zero=*/false);
+}
+
+void KVCache::copy_block(int32_t src, int32_t dst, Backend* backend) {
+  for (int layer = 0; layer < num_layers_; ++layer) {
+    for (int which = 0; which < 2; ++which) {
+      char* base = static_cast<char*>(this->base(layer, which));
+      backend->copy(base + dst * block_bytes_, base + src * block_bytes_, block_bytes_);
+    }
+  }
+}
+
+void KVCache::release_blocks(int32_t first, int32_t count, Backend* backend) {
+  for (int layer = 0; layer < num_layers_; ++layer) {
+    for (int which = 0; which < 2; ++which) {
+      char* base = static_cast<char*>(this->base(layer, which));
+      backend->release_pages(base + first * block_bytes_, static_cast<size_t>(count) * block_bytes_);
+    }
+  }
 }
 
 }  // namespace fantai::model

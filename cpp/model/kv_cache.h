@@ -21,6 +21,10 @@ class KVCache {
   void* k(int layer) const { return base(layer, 0); }  // [num_blocks, kv_heads, block_size, head_dim]
   void* v(int layer) const { return base(layer, 1); }
   size_t bytes() const { return buffer_.bytes(); }
+  // Copies one block's K and V in every layer (copy-on-write after a fork).
+  void copy_block(int32_t src, int32_t dst, Backend* backend);
+  // Returns the pages of blocks [first, first + count) in every layer to the OS.
+  void release_blocks(int32_t first, int32_t count, Backend* backend);
 
  private:
   void* base(int layer, int which) const {
@@ -29,6 +33,8 @@ class KVCache {
 
   KVLayout layout_;
   size_t layer_bytes_ = 0;  // one of K or V of one layer
+  size_t block_bytes_ = 0;  // one block of K (or V) of one layer
+  int32_t num_layers_ = 0;
   Buffer buffer_;
 };
 

@@ -22,6 +22,7 @@ class EngineOptions:
     threads: int | None = None
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # fixes the pool in blocks (tests, experiments)
+    enable_prefix_caching: bool = True
 
     def core_config(self, eos_token_ids: list[int]) -> _C.EngineConfig:
         c = _C.EngineConfig()
@@ -34,6 +35,7 @@ class EngineOptions:
         c.eos_token_ids = list(eos_token_ids)
         c.num_blocks = self.num_kv_blocks or 0
         c.kv_cache_bytes = self.kv_bytes()
+        c.enable_prefix_caching = self.enable_prefix_caching
         return c
 
     def kv_bytes(self) -> int:

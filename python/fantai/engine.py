@@ -24,10 +24,11 @@ class AsyncEngine:
                  kv_cache_memory: int | str | None = None, memory_utilization: float | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  seed: int = 0, threads: int | None = None, chat_template: str | None = None,
-                 enable_chunked_prefill: bool = True, num_kv_blocks: int | None = None) -> None:
+                 enable_chunked_prefill: bool = True, num_kv_blocks: int | None = None,
+                 enable_prefix_caching: bool = True, idle_release_seconds: float = 10.0) -> None:
         self.options = EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization, max_num_seqs,
                                      max_num_batched_tokens, block_size, seed, threads, enable_chunked_prefill,
-                                     num_kv_blocks)
+                                     num_kv_blocks, enable_prefix_caching)
         loaded = load_model(model, dtype, threads)
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
@@ -38,6 +39,8 @@ class AsyncEngine:
         self.max_model_len: int = self._engine.max_model_len
         self.vocab_size: int = loaded.model.config.vocab_size
         self._loop = _C.EngineLoop(self._engine)
+        # After a burst, unused KV pages go back to the OS once the engine has idled this long.
+        self._loop.set_idle_release(idle_release_seconds)
         self._owner: dict[int, tuple[RequestState, int, asyncio.Queue[None], asyncio.AbstractEventLoop]] = {}
         self._by_request: dict[str, RequestState] = {}
         self._lock = threading.Lock()
@@ -54,6 +57,12 @@ class AsyncEngine:
 
     def stats(self) -> dict[str, Any]:
         return self._loop.stats()
+
+    def reset_prefix_cache(self) -> None:
+        self._loop.reset_prefix_cache()
+
+    def release_memory(self) -> None:
+        self._loop.release_memory()
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
@@ -105,8 +114,8 @@ class AsyncEngine:
                 self._owner[core_id] = (state, i, queue, loop)
             self._by_request[state.request_id] = state
         try:
-            for core_id, cp in core:
-                self._loop.add_request(core_id, state.prompt_token_ids, cp)  # validates: ValueError
+            # n > 1: siblings fork from the first child and share the prompt's KV blocks.
+            self._loop.add_request(core[0][0], state.prompt_token_ids, core[0][1], core[1:])  # ValueError
         except BaseException:
             for core_id, _ in core:
                 self._loop.abort_request(core_id)

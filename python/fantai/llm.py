@@ -29,10 +29,11 @@ class LLM:
                  kv_cache_memory: int | str | None = None, memory_utilization: float | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  seed: int = 0, threads: int | None = None, enable_chunked_prefill: bool = True,
-                 num_kv_blocks: int | None = None, chat_template: str | None = None) -> None:
+                 num_kv_blocks: int | None = None, chat_template: str | None = None,
+                 enable_prefix_caching: bool = True) -> None:
         self.options = EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization, max_num_seqs,
                                      max_num_batched_tokens, block_size, seed, threads, enable_chunked_prefill,
-                                     num_kv_blocks)
+                                     num_kv_blocks, enable_prefix_caching)
         loaded = load_model(model, dtype, threads)
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
@@ -43,6 +44,14 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    def reset_prefix_cache(self) -> int:
+        """Drops every cached prefix block not in use; returns how many."""
+        return self.engine.reset_prefix_cache()
+
+    def release_memory(self) -> int:
+        """Trims the prefix cache and returns unused KV pages to the OS; returns blocks released."""
+        return self.engine.release_memory()
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
@@ -81,8 +90,10 @@ class LLM:
         owner: dict[int, tuple[RequestState, int]] = {}
         try:
             for st in states:
-                for i, (core_id, cp) in enumerate(st.core_requests(self.max_model_len)):
-                    self.engine.add_request(core_id, st.prompt_token_ids, cp)
+                core = st.core_requests(self.max_model_len)
+                # n > 1: one request; its siblings fork from it and share the prompt's KV blocks.
+                self.engine.add_request(core[0][0], st.prompt_token_ids, core[0][1], core[1:])
+                for i, (core_id, _) in enumerate(core):
                     owner[core_id] = (st, i)
             self._loop(owner, len(states), use_tqdm)
         except BaseException:

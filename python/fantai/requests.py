@@ -82,6 +82,9 @@ class RequestState:
         out = child.output
         if step.token_ids and "first_token_time" not in self.result.metrics:
             self.result.metrics["first_token_time"] = time.monotonic()
+        if step.queue_seconds >= 0 and "first_scheduled_time" not in self.result.metrics:
+            self.result.metrics["queue_time"] = step.queue_seconds
+            self.result.metrics["first_scheduled_time"] = self.result.metrics["arrival_time"] + step.queue_seconds
         for tok, lp in zip(step.token_ids, step.logprobs):
             out.token_ids.append(tok)
             out.cumulative_logprob = (out.cumulative_logprob or 0.0) + lp.logprob

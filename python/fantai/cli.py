@@ -54,6 +54,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto",
                    choices=["auto", "float32", "float16", "bfloat16"],
                    help="compute / weight dtype (default: %(default)s, the checkpoint's)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of cached prompt prefixes (default: on; "
+                        "--no-enable-prefix-caching turns it off)")
     p.add_argument("--seed", type=int, default=0,
                    help="engine seed for requests without their own (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
@@ -86,6 +89,9 @@ def _add_serve_options(p: argparse.ArgumentParser) -> None:
                         "turns tool calling off (default: %(default)s)")
     p.add_argument("--max-request-body-size", type=parse_size, default=32 * 1024 * 1024,
                    metavar="BYTES", help="larger request bodies get 413 (default: 32M)")
+    p.add_argument("--idle-release-seconds", type=float, default=10.0, metavar="SECONDS",
+                   help="after this long without work, give unused KV memory back to the OS "
+                        "(0: never; default: 10)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="grace period on SIGINT/SIGTERM for in-flight requests to finish before "
                         "they are aborted (default: %(default)s)")
@@ -136,6 +142,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "memory_utilization": args.memory_utilization, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "block_size": args.block_size, "seed": args.seed, "threads": args.threads,
+            "enable_prefix_caching": args.enable_prefix_caching,
             "chat_template": _chat_template(args.chat_template)}
 
 
@@ -230,7 +237,8 @@ async def _serve(args: argparse.Namespace) -> None:
     from fantai.engine import AsyncEngine
     from fantai.server.app import ServerConfig, build_app
 
-    engine = AsyncEngine(args.model, **_engine_kwargs(args))
+    engine = AsyncEngine(args.model, idle_release_seconds=args.idle_release_seconds,
+                         **_engine_kwargs(args))
     names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
     parser = None if args.tool_call_parser == "none" else args.tool_call_parser
     config = ServerConfig(served_model_names=names, api_key=args.api_key or None,

@@ -133,6 +133,18 @@ def _add_info_routes(app: FastAPI, ctx: ServerContext) -> None:
         return PlainTextResponse(ctx.metrics.render(ctx.engine.stats()),
                                  media_type="text/plain; version=0.0.4")
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, str]:
+        # Admin: drop every cached prefix block not in use (e.g. after changing a system prompt).
+        ctx.engine.reset_prefix_cache()
+        return {"status": "ok"}
+
+    @app.post("/release_memory")
+    async def release_memory() -> dict[str, str]:
+        # Admin: give unused KV pages back to the OS now instead of after the idle period.
+        ctx.engine.release_memory()
+        return {"status": "ok"}
+
 
 def _add_token_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/tokenize")

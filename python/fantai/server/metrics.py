@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,4 +123,26 @@ class ServerMetrics:
                          [("", float(util))])
         lines += _metric("counter", "num_preemptions_total", "Preempted requests.",
                          [("", stats.get("num_preemptions", 0))])
+        lines += _metric("gauge", "kv_cache_blocks_cached", "Unowned blocks kept for prefix reuse.",
+                         [("", stats.get("num_cached_blocks", 0))])
+        lines += _metric("gauge", "kv_cache_blocks_free", "Free KV blocks (clean + cached).",
+                         [("", stats.get("num_free_blocks", 0))])
+        lines += _metric("counter", "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+                         [("", stats.get("prefix_cache_queries", 0))])
+        lines += _metric("counter", "prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+                         [("", stats.get("prefix_cache_hits", 0))])
+        lines += _metric("gauge", "prefix_cache_hit_rate", "Hits / queries, in tokens.",
+                         [("", float(stats.get("prefix_cache_hit_rate", 0.0)))])
+        lines += _metric("counter", "kv_cache_evictions_total", "Cached blocks evicted for new content.",
+                         [("", stats.get("evictions", 0))])
+        lines += _metric("gauge", "process_resident_memory_bytes", "Resident memory of the server.",
+                         [("", _resident_bytes())])
         return lines
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0

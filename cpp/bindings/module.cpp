@@ -52,6 +52,52 @@ py::dict stats_dict(const engine::EngineStats& s) {
   return d;
 }
 
+// Dashboard snapshot as plain Python data: block states as bytes (one per block, cheap to send
+// for large pools), only shared blocks' ref counts, requests with their block tables.
+py::dict snapshot_dict(const engine::EngineSnapshot& s) {
+  py::dict d;
+  d["block_states"] = py::bytes(reinterpret_cast<const char*>(s.block_states.data()),
+                                s.block_states.size());
+  py::list shared;
+  for (size_t b = 0; b < s.ref_counts.size(); ++b) {
+    if (s.ref_counts[b] > 1) shared.append(py::make_tuple(b, s.ref_counts[b]));
+  }
+  d["shared"] = shared;
+  py::list requests;
+  for (const engine::RequestSnapshot& r : s.requests) {
+    py::dict q;
+    q["id"] = r.id;
+    q["status"] = r.running ? "running" : "waiting";
+    q["block_table"] = r.block_table;
+    q["num_tokens"] = r.num_tokens;
+    q["num_prompt_tokens"] = r.num_prompt_tokens;
+    q["num_computed_tokens"] = r.num_computed_tokens;
+    q["num_preemptions"] = r.num_preemptions;
+    requests.append(q);
+  }
+  d["requests"] = requests;
+  d["stats"] = stats_dict(s.stats);
+  return d;
+}
+
+py::list steps_list(const std::vector<engine::StepRecord>& steps) {
+  py::list out;
+  for (const engine::StepRecord& r : steps) {
+    py::dict d;
+    d["step"] = r.step;
+    d["time"] = r.time;
+    d["decode_tokens"] = r.decode_tokens;
+    d["prefill_tokens"] = r.prefill_tokens;
+    d["num_running"] = r.num_running;
+    d["num_waiting"] = r.num_waiting;
+    d["num_preempted"] = r.num_preempted;
+    d["num_finished"] = r.num_finished;
+    d["num_joined"] = r.num_joined;
+    out.append(d);
+  }
+  return out;
+}
+
 void set_tensor(Model& m, const std::string& name, py::array array, const std::string& dtype) {
   DType src;
   if (dtype == "bfloat16") {
@@ -181,6 +227,7 @@ void bind_engine(py::module_& m) {
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
       .def("has_unfinished", &Engine::has_unfinished)
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
+      .def("snapshot", [](const Engine& e) { return snapshot_dict(e.snapshot()); })
       .def_property_readonly("max_model_len", [](const Engine& e) { return e.config().max_model_len; })
       .def_property_readonly("max_num_batched_tokens", [](const Engine& e) { return e.config().max_num_batched_tokens; })
       .def_property_readonly("kv_cache_bytes", &Engine::kv_cache_bytes)
@@ -199,7 +246,16 @@ void bind_engine(py::module_& m) {
       .def("set_idle_release", &EngineLoop::set_idle_release)
       .def("wait_outputs", &EngineLoop::wait_outputs, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const EngineLoop& l) { return stats_dict(l.stats()); })
-      .def("last_error", &EngineLoop::last_error);
+      .def("last_error", &EngineLoop::last_error)
+      .def("snapshot",
+           [](EngineLoop& l) -> py::object {
+             std::shared_ptr<const engine::EngineSnapshot> s = l.snapshot();
+             if (!s) return py::none();
+             return snapshot_dict(*s);
+           })
+      .def("steps_since", [](const EngineLoop& l, int64_t after) { return steps_list(l.steps_since(after)); },
+           py::arg("after") = -1)
+      .def("set_snapshot_interval", &EngineLoop::set_snapshot_interval);
 }
 
 }  // namespace

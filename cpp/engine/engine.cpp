@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "common/check.h"
@@ -321,6 +322,36 @@ EngineStats Engine::stats() const {
   s.bytes_per_block = static_cast<int64_t>(model::KVCache::bytes_per_block(
       model_->config(), blocks_->block_size(), cache_->layout().dtype));
   return s;
+}
+
+EngineSnapshot Engine::snapshot() const {
+  EngineSnapshot snap;
+  const int32_t n = blocks_->num_blocks();
+  snap.ref_counts.resize(n);
+  snap.block_states.resize(n);
+  const std::set<int32_t>& clean = blocks_->clean_blocks();
+  for (int32_t b = 0; b < n; ++b) {
+    const int32_t refs = blocks_->ref_count(b);
+    snap.ref_counts[b] = refs;
+    // Unowned blocks are clean or cached; the clean set is the smaller lookup on a busy pool.
+    snap.block_states[b] = refs > 0 ? EngineSnapshot::kUsed
+                           : clean.count(b) ? EngineSnapshot::kClean : EngineSnapshot::kCached;
+  }
+  auto add = [&snap](const Request* r, bool running) {
+    RequestSnapshot rs;
+    rs.id = r->id;
+    rs.running = running;
+    rs.block_table = r->block_table.blocks;
+    rs.num_tokens = r->num_tokens();
+    rs.num_prompt_tokens = static_cast<int32_t>(r->prompt.size());
+    rs.num_computed_tokens = r->num_computed_tokens;
+    rs.num_preemptions = r->num_preemptions;
+    snap.requests.push_back(std::move(rs));
+  };
+  for (const Request* r : scheduler_->running()) add(r, true);
+  for (const Request* r : scheduler_->waiting()) add(r, false);
+  snap.stats = stats();
+  return snap;
 }
 
 }  // namespace fantai::engine

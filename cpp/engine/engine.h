@@ -67,6 +67,26 @@ struct EngineStats {
   int64_t num_releases = 0;                 // release_memory() calls that returned pages
 };
 
+// One live request as an observer (the dashboard) sees it: where its KV lives, how far it got.
+struct RequestSnapshot {
+  uint64_t id = 0;
+  bool running = false;                // false: waiting (not yet admitted, or preempted)
+  std::vector<int32_t> block_table;    // [ceil(num_tokens / block_size)] logical i -> physical
+  int32_t num_tokens = 0;              // prompt + output so far
+  int32_t num_prompt_tokens = 0;
+  int32_t num_computed_tokens = 0;     // tokens whose K/V are in the cache
+  int32_t num_preemptions = 0;
+};
+
+// A copy of the block pool and the queues at one instant. Built by the thread that steps.
+struct EngineSnapshot {
+  enum BlockState : uint8_t { kClean = 0, kCached = 1, kUsed = 2 };
+  std::vector<uint8_t> block_states;     // [num_blocks] BlockState
+  std::vector<int32_t> ref_counts;       // [num_blocks] owners per block (> 1: shared)
+  std::vector<RequestSnapshot> requests; // running (admission order), then waiting (queue order)
+  EngineStats stats;
+};
+
 // Not thread-safe: one thread drives it (LLM.generate directly, or EngineLoop's thread).
 class Engine {
  public:
@@ -91,6 +111,8 @@ class Engine {
   std::vector<StepOutput> step();
   bool has_unfinished() const { return scheduler_->has_unfinished(); }
   EngineStats stats() const;
+  // O(num_blocks + live tokens' blocks): call it at a bounded rate (EngineLoop does).
+  EngineSnapshot snapshot() const;
 
   const EngineConfig& config() const { return config_; }
   const model::ModelConfig& model_config() const { return model_->config(); }

@@ -1,12 +1,20 @@
 // engine: the background step loop used by the server (GIL-free, one engine per loop).
 #include "engine/engine_loop.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/check.h"
 #include "common/logging.h"
 
 namespace fantai::engine {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 EngineLoop::EngineLoop(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {
   stats_ = engine_->stats();
@@ -130,7 +138,7 @@ void EngineLoop::run() {
   while (true) {
     auto has_work = [this] {
       return stop_ || !inbox_.empty() || !aborts_.empty() || reset_cache_ || release_now_ ||
-             engine_->has_unfinished();
+             snapshot_wanted_ || engine_->has_unfinished();
     };
     if (dirty_ && idle_release_seconds_ > 0) {
       // Idle with pages touched since the last release: wait at most the idle period.
@@ -138,6 +146,7 @@ void EngineLoop::run() {
         engine_->release_memory();
         dirty_ = false;
         stats_ = engine_->stats();
+        publish_snapshot(true);  // cached blocks trimmed: watchers see it
         continue;
       }
     } else {
@@ -150,7 +159,10 @@ void EngineLoop::run() {
     reset_cache_ = release_now_ = false;
     stats_ = engine_->stats();
     if (!outbox_.empty()) out_cv_.notify_all();
-    if (!engine_->has_unfinished()) continue;
+    if (!engine_->has_unfinished()) {
+      publish_snapshot(true);  // idle from here on: the last published state stays true
+      continue;
+    }
     dirty_ = true;
     lock.unlock();  // the step runs without the lock so producers never wait on the model
     std::vector<StepOutput> outs;
@@ -167,8 +179,9 @@ void EngineLoop::run() {
       last_error_ = error;
       abort_ids(engine_->abort_all());
     }
-    for (auto& o : outs) outbox_.push_back(std::move(o));
     stats_ = engine_->stats();
+    observe_step(outs);
+    for (auto& o : outs) outbox_.push_back(std::move(o));
     if (!outbox_.empty()) out_cv_.notify_all();
   }
   // Shutting down: abort everything still queued or running so nothing leaks.
@@ -177,6 +190,71 @@ void EngineLoop::run() {
   abort_ids(engine_->abort_all());
   stats_ = engine_->stats();
   out_cv_.notify_all();
+}
+
+std::shared_ptr<const EngineSnapshot> EngineLoop::snapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = now_seconds();
+  if (!watched(now) || !snapshot_) {
+    // A new watcher: wake the loop once so an idle engine publishes its current state.
+    // NOTE: that wake restarts an idle-release wait once per new watcher (not per poll).
+    snapshot_wanted_ = true;
+    if (!watched(now)) steps_.clear();  // records from an earlier watch would leave a gap
+    work_cv_.notify_one();
+  }
+  watched_at_ = now;
+  return snapshot_;
+}
+
+std::vector<StepRecord> EngineLoop::steps_since(int64_t after) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<StepRecord> out;
+  for (const StepRecord& r : steps_) {
+    if (r.step > after) out.push_back(r);
+  }
+  return out;
+}
+
+void EngineLoop::set_snapshot_interval(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_interval_ = seconds;
+}
+
+// Called on the loop thread with mu_ held, after a step and stats_ = engine_->stats().
+void EngineLoop::observe_step(const std::vector<StepOutput>& outs) {
+  const double now = now_seconds();
+  if (!watched(now)) {
+    preemptions_seen_ = stats_.num_preemptions;
+    return;
+  }
+  StepRecord r;
+  r.step = stats_.num_steps;
+  r.time = now;
+  r.decode_tokens = static_cast<int32_t>(stats_.last_batch_decode);
+  r.prefill_tokens = static_cast<int32_t>(stats_.last_batch_prefill);
+  r.num_running = static_cast<int32_t>(stats_.num_running);
+  r.num_waiting = static_cast<int32_t>(stats_.num_waiting);
+  for (const StepOutput& o : outs) r.num_finished += o.finished ? 1 : 0;
+  if (!steps_.empty()) {
+    const StepRecord& prev = steps_.back();
+    r.num_preempted = static_cast<int32_t>(stats_.num_preemptions - preemptions_seen_);
+    // running before - finished - preempted + joined = running after
+    r.num_joined = std::max(0, r.num_running - prev.num_running + r.num_finished + r.num_preempted);
+  }
+  preemptions_seen_ = stats_.num_preemptions;
+  steps_.push_back(r);
+  if (steps_.size() > kStepHistory) steps_.pop_front();
+  publish_snapshot(!engine_->has_unfinished());  // going idle: publish the final state
+}
+
+// Called on the loop thread with mu_ held. force: publish now regardless of the interval.
+void EngineLoop::publish_snapshot(bool force) {
+  const double now = now_seconds();
+  if (!snapshot_wanted_ && !watched(now)) return;
+  if (!force && !snapshot_wanted_ && now - published_at_ < snapshot_interval_) return;
+  snapshot_ = std::make_shared<const EngineSnapshot>(engine_->snapshot());
+  published_at_ = now;
+  snapshot_wanted_ = false;
 }
 
 }  // namespace fantai::engine

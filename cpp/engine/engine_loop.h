@@ -13,6 +13,17 @@
 
 namespace fantai::engine {
 
+// What went into one step's batch, recorded only while an observer watches (see snapshot()).
+struct StepRecord {
+  int64_t step = 0;            // EngineStats::num_steps after the step
+  double time = 0.0;           // seconds, steady clock (CLOCK_MONOTONIC: Python's monotonic())
+  int32_t decode_tokens = 0, prefill_tokens = 0;
+  int32_t num_running = 0, num_waiting = 0;   // after the step
+  int32_t num_preempted = 0;   // preempted in this step
+  int32_t num_finished = 0;    // finished in this step
+  int32_t num_joined = 0;      // entered the running set in this step (admitted or forked)
+};
+
 // Thread-safe front of an Engine. The loop thread owns the engine: requests and aborts queue in
 // an inbox that the loop drains before each step, outputs queue in an outbox. The loop sleeps on a
 // condition variable when idle (no busy polling).
@@ -40,6 +51,18 @@ class EngineLoop {
   // Error text of a step that threw (the loop aborts that step's requests and keeps serving).
   std::string last_error() const;
 
+  // ---- observing (the dashboard) ---------------------------------------------------------
+  // The latest snapshot the loop thread published (nullptr before the first). Calling it
+  // subscribes for kWatchSeconds: while subscribed the loop records every step and publishes a
+  // snapshot at most every snapshot interval while busy, plus one whenever it goes idle.
+  // Unsubscribed, the loop pays one comparison per step.
+  std::shared_ptr<const EngineSnapshot> snapshot();
+  // Recorded steps with step > after, oldest first (at most the last kStepHistory).
+  std::vector<StepRecord> steps_since(int64_t after) const;
+  void set_snapshot_interval(double seconds);
+  static constexpr double kWatchSeconds = 3.0;
+  static constexpr size_t kStepHistory = 1024;
+
  private:
   struct Pending {
     uint64_t id;
@@ -65,6 +88,18 @@ class EngineLoop {
   bool reset_cache_ = false, release_now_ = false;
   double idle_release_seconds_ = 0.0;
   bool dirty_ = false;  // work ran since the last release
+
+  // Observing; all guarded by mu_. The loop thread builds snapshots (it owns the engine).
+  void observe_step(const std::vector<StepOutput>& outs);
+  void publish_snapshot(bool force);
+  bool watched(double now) const { return now - watched_at_ < kWatchSeconds; }
+  std::shared_ptr<const EngineSnapshot> snapshot_;
+  std::deque<StepRecord> steps_;
+  double watched_at_ = -1e30;       // last snapshot() call
+  double published_at_ = -1e30;     // last snapshot built
+  double snapshot_interval_ = 0.1;  // seconds between snapshots while busy
+  int64_t preemptions_seen_ = 0;    // num_preemptions at the last recorded step
+  bool snapshot_wanted_ = false;    // a new watcher waits for a first snapshot
 };
 
 }  // namespace fantai::engine

@@ -58,6 +58,17 @@ class AsyncEngine:
     def stats(self) -> dict[str, Any]:
         return self._loop.stats()
 
+    def snapshot(self) -> dict[str, Any] | None:
+        """The block-level snapshot the loop thread published last (block states, shared blocks'
+        ref counts, live requests with block tables, stats), or None before the first. Calling it
+        keeps the loop publishing (bounded rate) for a few seconds; nobody calling costs nothing."""
+        return self._loop.snapshot()
+
+    def steps_since(self, after: int) -> list[dict[str, Any]]:
+        """Per-step batch records (decode/prefill tokens, queue sizes) with step > after, recorded
+        while someone calls snapshot()."""
+        return self._loop.steps_since(after)
+
     def reset_prefix_cache(self) -> None:
         self._loop.reset_prefix_cache()
 

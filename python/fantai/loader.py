@@ -51,6 +51,10 @@ def _load_gguf(path: str, dtype: str, threads: int, backend: str) -> _C.Model:
     from fantai.weights.gguf_loader import load_gguf
 
     gguf = load_gguf(path)
+    if dtype == "auto" and gguf.is_quantized():
+        # Quantized weights are dequantized at load: bf16 keeps decode bandwidth near the
+        # quantized file's and is what the CPU kernels convert in registers.
+        dtype = "bfloat16"
     core = _C.Model.create(json.dumps(gguf.config), dtype, backend, threads)
     for name, array in gguf.tensors():  # one dequantized tensor alive at a time
         core.set_tensor(name, array)

@@ -52,3 +52,16 @@ def test_default_model_logits_close_to_transformers(llm: LLM, reference: object)
         theirs = reference(torch.tensor([ids])).logits[0].numpy()
     np.testing.assert_allclose(ours, theirs, atol=2e-3, rtol=1e-3)
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+
+
+def test_auto_dtype_of_a_quantized_gguf_is_bfloat16() -> None:
+    from fantai.loader import load_model
+    from fantai.weights.gguf_loader import load_gguf
+
+    assert load_gguf(default_model_path()).is_quantized()
+    loaded = load_model(None)
+    assert loaded.model.dtype == "bfloat16"
+    # bf16 weights still answer like the reference on an easy prompt.
+    assert "Paris" in LLM(kv_cache_memory="64M").chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0].text

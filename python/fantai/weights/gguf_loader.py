@@ -184,6 +184,11 @@ class GGUFModel:
         pairs = ((t.name, hf_tensor_name(t.name)) for t in self._reader.tensors)
         return [(g, h) for g, h in pairs if h is not None]
 
+    def is_quantized(self) -> bool:
+        """True when any weight is stored in a block-quantized type (not F32/F16/BF16)."""
+        plain = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+        return any(GGMLQuantizationType(t.tensor_type) not in plain for t in self._reader.tensors)
+
     def unmapped_tensor_names(self) -> list[str]:
         """GGUF tensors with no HF parameter (e.g. rope_freqs); tensors() skips them."""
         return [t.name for t in self._reader.tensors if hf_tensor_name(t.name) is None]

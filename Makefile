@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BUILD := build/wheel
-SYSTEM_PACKAGES := cmake ninja-build g++ libgtest-dev nlohmann-json3-dev
+SYSTEM_PACKAGES := cmake ninja-build g++ libgtest-dev nlohmann-json3-dev chromium chromium-driver
 
 .PHONY: serve test install system-deps test-cpp test-python bench clean
 
@@ -21,7 +21,8 @@ test-cpp: install
 test-python: install
 	$(PY) -m pytest -q tests/python
 
-# GoogleTest and nlohmann-json come from Debian (apt needs root, as on CI and dev machines).
+# GoogleTest and nlohmann-json come from Debian (apt needs root, as on CI and dev machines);
+# chromium + chromium-driver run the dashboard's headless browser test.
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

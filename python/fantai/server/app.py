@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import fantai
-from fantai.server import anthropic_api, errors, openai_api
+from fantai.server import anthropic_api, dashboard, errors, openai_api
 from fantai.server.chat import ToolPlan, render_prompt, template_messages
 from fantai.server.errors import APIError, error_response
 from fantai.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -22,8 +22,8 @@ from fantai.server.state import ServerConfig, ServerContext
 
 __all__ = ["ServerConfig", "ServerContext", "build_app"]
 
-# Reachable without an API key (probes and scrapers).
-OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/ping"})
+# Reachable without an API key (probes, scrapers, and the dashboard: see dashboard.py).
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/ping"}) | dashboard.DASHBOARD_PATHS
 
 
 class GuardMiddleware:
@@ -185,5 +185,6 @@ def build_app(engine: Any, config: ServerConfig) -> FastAPI:
     _add_token_routes(app, ctx)
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
+    dashboard.install(app, ctx)
     app.add_middleware(GuardMiddleware, ctx=ctx)
     return app

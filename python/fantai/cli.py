@@ -1,4 +1,4 @@
-"""CLI room: the `fantai` console script (`fantai serve`, `fantai generate`, `fantai chat`)."""
+"""CLI room: the `fantai` console script (`fantai serve`, `generate`, `chat`, `bench`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from fantai.bench.cli import add_bench_parser  # argparse and stdlib only: `fantai` starts fast
 
 _T0 = time.monotonic()  # process start, as near as Python lets us see it
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -126,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=256, help="tokens to generate")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     chat.set_defaults(func=chat_command)
+    add_bench_parser(sub, _add_engine_options, _engine_kwargs)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Bench room: `fantai bench throughput | latency | serve | plot` (see fantai.bench.cli)."""

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <set>
 #include <string>
 
 #include "common/check.h"
@@ -329,14 +328,13 @@ EngineSnapshot Engine::snapshot() const {
   const int32_t n = blocks_->num_blocks();
   snap.ref_counts.resize(n);
   snap.block_states.resize(n);
-  const std::set<int32_t>& clean = blocks_->clean_blocks();
   for (int32_t b = 0; b < n; ++b) {
     const int32_t refs = blocks_->ref_count(b);
     snap.ref_counts[b] = refs;
-    // Unowned blocks are clean or cached; the clean set is the smaller lookup on a busy pool.
-    snap.block_states[b] = refs > 0 ? EngineSnapshot::kUsed
-                           : clean.count(b) ? EngineSnapshot::kClean : EngineSnapshot::kCached;
+    snap.block_states[b] = refs > 0 ? EngineSnapshot::kUsed : EngineSnapshot::kCached;
   }
+  // Unowned blocks are cached unless clean: one pass over the clean set, no per-block lookup.
+  for (int32_t b : blocks_->clean_blocks()) snap.block_states[b] = EngineSnapshot::kClean;
   auto add = [&snap](const Request* r, bool running) {
     RequestSnapshot rs;
     rs.id = r->id;

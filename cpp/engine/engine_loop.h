@@ -97,7 +97,7 @@ class EngineLoop {
   std::deque<StepRecord> steps_;
   double watched_at_ = -1e30;       // last snapshot() call
   double published_at_ = -1e30;     // last snapshot built
-  double snapshot_interval_ = 0.1;  // seconds between snapshots while busy
+  double snapshot_interval_ = 0.2;  // seconds between snapshots while busy (the dashboard: 5 Hz)
   int64_t preemptions_seen_ = 0;    // num_preemptions at the last recorded step
   bool snapshot_wanted_ = false;    // a new watcher waits for a first snapshot
 };

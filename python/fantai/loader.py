@@ -59,4 +59,16 @@ def _load_gguf(path: str, dtype: str, threads: int, backend: str) -> _C.Model:
     for name, array in gguf.tensors():  # one dequantized tensor alive at a time
         core.set_tensor(name, array)
     core.finalize()
+    del gguf
+    _return_freed_heap()
     return core
+
+
+def _return_freed_heap() -> None:
+    """Dequantization churned through large temporaries; hand glibc's freed heap back to the OS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass

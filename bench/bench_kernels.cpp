@@ -11,10 +11,18 @@
 #include <random>
 #include <string>
 #include <vector>
+#include <cstdlib>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 #include "backend/backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
 
 using namespace fantai;
 
@@ -112,28 +120,262 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
   report(name, us, 4.0 * hd * nqh * keys, 2.0 * cache_elems * dtype_size(kv));
 }
 
+
+// One forward step of SmolLM2-135M's shapes (30 layers, hidden 576, 9/3 heads of 64, inter 1536,
+// vocab 49152) written in backend ops exactly as model/transformer.cpp issues them, on random
+// weights: num_seqs sequences with q_len new tokens each at context ctx (decode: q_len 1; prefill:
+// one sequence of q_len == ctx). Prints the step's wall time, tokens/s, and the time per op kind.
+struct StepShape { int num_seqs, q_len, ctx; const char* label; };
+
+void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
+  const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
+  const int64_t qkv_dim = (nh + 2 * nkv) * hd;
+  const int64_t n = static_cast<int64_t>(sh.num_seqs) * sh.q_len;
+  const int bs = 16, bps = (sh.ctx + bs - 1) / bs;
+  const size_t es = dtype_size(wt);
+  auto mk = [&](int64_t rows, int64_t cols, uint32_t seed) {
+    auto f = randn(rows * cols, seed);
+    for (auto& v : f) v *= 0.05f;
+    std::vector<uint8_t> w(f.size() * es);
+    convert_from_f32(f.data(), w.data(), wt, f.size());
+    return w;
+  };
+  struct Layer { std::vector<uint8_t> qkv, o, gu, down; };
+  std::vector<Layer> Ls(layers);
+  for (int l = 0; l < layers; ++l)
+    Ls[l] = {mk(qkv_dim, H, 10 + l), mk(H, nh * hd, 100 + l), mk(2 * I, H, 200 + l), mk(H, I, 300 + l)};
+  auto lm = mk(V, H, 7);
+  auto norm_w = randn(H, 8);
+  KVLayout L;
+  L.num_blocks = sh.num_seqs * bps;
+  L.block_size = bs;
+  L.num_kv_heads = nkv;
+  L.head_dim = hd;
+  L.dtype = DType::kF32;
+  const size_t cache_elems = static_cast<size_t>(L.num_blocks) * nkv * bs * hd;
+  std::vector<std::vector<float>> kc(layers), vc(layers);
+  for (int l = 0; l < layers; ++l) { kc[l] = randn(cache_elems, 400 + l); vc[l] = randn(cache_elems, 500 + l); }
+  std::vector<int32_t> tables(L.num_blocks), ctxs(sh.num_seqs, sh.ctx), cu(sh.num_seqs + 1), pos(n);
+  std::vector<int64_t> slots(n);
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+  for (int s = 0; s <= sh.num_seqs; ++s) cu[s] = s * sh.q_len;
+  for (int s = 0; s < sh.num_seqs; ++s)
+    for (int j = 0; j < sh.q_len; ++j) {
+      const int p = sh.ctx - sh.q_len + j;
+      pos[s * sh.q_len + j] = p;
+      slots[s * sh.q_len + j] = static_cast<int64_t>(s * bps + p / bs) * bs + p % bs;
+    }
+  AttentionParams p;
+  p.num_seqs = sh.num_seqs;
+  p.num_tokens = static_cast<int32_t>(n);
+  p.max_query_len = sh.q_len;
+  p.max_context_len = sh.ctx;
+  p.cu_seqlens_q = cu.data();
+  p.context_lens = ctxs.data();
+  p.block_tables = tables.data();
+  p.max_blocks_per_seq = bps;
+  std::vector<float> cs(static_cast<size_t>(sh.ctx) * hd);
+  for (int q = 0; q < sh.ctx; ++q)
+    for (int i = 0; i < hd / 2; ++i) {
+      const double f = q * std::pow(100000.0, -2.0 * i / hd);
+      cs[q * hd + i] = static_cast<float>(std::cos(f));
+      cs[q * hd + hd / 2 + i] = static_cast<float>(std::sin(f));
+    }
+  auto res = randn(n * H, 9);
+  std::vector<float> normed(n * H), qkv(n * qkv_dim), attn(n * nh * hd), proj(n * H), gu(n * 2 * I),
+      act(n * I), logits(static_cast<size_t>(sh.num_seqs) * V), last(sh.num_seqs * H);
+  enum { kQkv, kRope, kStore, kAttn, kO, kNorm, kGu, kSilu, kDown, kLm, kOps };
+  const char* names[kOps] = {"qkv", "rope", "store_kv", "attention", "o", "add_rms_norm", "gate_up",
+                             "silu_mul", "down", "lm_head"};
+  double op_us[kOps] = {};
+  using clk = std::chrono::steady_clock;
+  auto run = [&](bool timed) {
+    auto t = clk::now();
+    auto tick = [&](int op) {
+      if (!timed) return;
+      const auto now = clk::now();
+      op_us[op] += std::chrono::duration<double, std::micro>(now - t).count();
+      t = now;
+    };
+    for (int l = 0; l < layers; ++l) {
+      const Layer& w = Ls[l];
+      b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H); tick(kQkv);
+      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, cs.data()); tick(kRope);
+      b.store_kv(qkv.data() + nh * hd, qkv.data() + (nh + nkv) * hd, qkv_dim, slots.data(), n,
+                 kc[l].data(), vc[l].data(), L); tick(kStore);
+      b.attention(qkv.data(), qkv_dim, kc[l].data(), vc[l].data(), L, p, nh, 0.125f, attn.data()); tick(kAttn);
+      b.linear(attn.data(), w.o.data(), wt, nullptr, proj.data(), n, H, nh * hd); tick(kO);
+      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f); tick(kNorm);
+      b.linear(normed.data(), w.gu.data(), wt, nullptr, gu.data(), n, 2 * I, H); tick(kGu);
+      b.silu_mul(gu.data(), act.data(), n, I); tick(kSilu);
+      b.linear(act.data(), w.down.data(), wt, nullptr, proj.data(), n, H, I); tick(kDown);
+      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f); tick(kNorm);
+    }
+    // The last row of each sequence samples.
+    b.linear(normed.data(), lm.data(), wt, nullptr, logits.data(), sh.num_seqs, V, H); tick(kLm);
+  };
+  run(false);
+  for (auto& x : res) x *= 1e-3f;  // keep the residual stream bounded across repetitions
+  const int reps = std::max(3, static_cast<int>(g_min_ms / 50));
+  std::vector<double> walls;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = clk::now();
+    run(true);
+    walls.push_back(std::chrono::duration<double, std::micro>(clk::now() - a).count());
+  }
+  std::sort(walls.begin(), walls.end());
+  const double med = walls[walls.size() / 2];
+  double weight_bytes = (static_cast<double>(layers) * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) + V * H) * es;
+  double flops = 2.0 * n * layers * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) + 2.0 * sh.num_seqs * V * H;
+  std::printf("step %-8s %-5s seqs=%-3d q=%-4d ctx=%-4d %9.0f us  %8.1f tok/s  %6.1f GB/s weights  %6.1f GFLOP/s linear\n",
+              sh.label, dtype_name(wt), sh.num_seqs, sh.q_len, sh.ctx, med, n / med * 1e6,
+              weight_bytes / med * 1e-3, flops / med * 1e-3);
+  std::printf("    per step, median-ish (mean over reps):");
+  for (int o = 0; o < kOps; ++o) std::printf(" %s %.0f", names[o], op_us[o] / reps);
+  std::printf(" us\n");
+}
+
+// ---- machine probes ----------------------------------------------------------------------------
+// Peak rates of this core type measured the same way the kernels run: FMA (f32), vdpbf16ps (when
+// the CPU has AVX512-BF16), and read bandwidth over arrays from L2 to DRAM size, on `threads`
+// threads (each streams its own disjoint part, as the GEMV does).
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FT_PROBE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+FT_PROBE_AVX512 __attribute__((noinline)) float fma_chain(long iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.1f * i);
+  const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+FT_PROBE_AVX512 __attribute__((noinline)) float dpbf16_chain(long iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.1f * i);
+  const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3a80);
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], m, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+FT_PROBE_AVX512 __attribute__((noinline)) float read_sum(const float* p, size_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i < n; i += 64) {
+    s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+    s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+    s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+    s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+bool has_avx512bf16() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return a & (1u << 5);
+}
+
+// Best seconds of fn run on T threads at once (each gets its thread index).
+double par_best(int T, int reps, const std::function<void(int)>& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = std::chrono::steady_clock::now();
+    std::vector<std::thread> th;
+    for (int t = 1; t < T; ++t) th.emplace_back(fn, t);
+    fn(0);
+    for (auto& x : th) x.join();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  return best;
+}
+
+void probes(int T) {
+  if (cpu::detected_isa() < cpu::Isa::kAvx512) { std::printf("probe: needs AVX-512\n"); return; }
+  volatile float sink = 0;
+  const long iters = 4000000;
+  double s = par_best(T, 5, [&](int) { sink = fma_chain(iters); });
+  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (zmm)", T * iters * 12.0 * 32 / s * 1e-9, T);
+  if (has_avx512bf16()) {
+    s = par_best(T, 5, [&](int) { sink = dpbf16_chain(iters); });
+    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm)", T * iters * 12.0 * 64 / s * 1e-9);
+  }
+  for (size_t mb : {1, 8, 64, 512}) {
+    const size_t n = mb << 18, per = n / T;  // floats in all, per thread
+    float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
+    for (size_t i = 0; i < n; ++i) p[i] = 1.f;
+    s = par_best(T, mb >= 512 ? 4 : 10, [&](int t) { sink = read_sum(p + t * per, per); });
+    char name[64];
+    std::snprintf(name, sizeof(name), "read bandwidth %zu MB", mb);
+    std::printf("probe %-38s %10.1f GB/s\n", name, n * 4.0 / s * 1e-9);
+    std::free(p);
+  }
+  (void)sink;
+}
+#else
+void probes(int) { std::printf("probe: x86-64 GCC only\n"); }
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
   cpu::Isa isa = cpu::active_isa();
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
       if (!cpu::parse_isa(argv[++i], &isa)) { std::fprintf(stderr, "unknown isa %s\n", argv[i]); return 2; }
     } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) g_min_ms = std::atof(argv[++i]);
-    else { std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T]\n", argv[0]); return 2; }
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
+                           "[--only probe|linear|attention|step]\n", argv[0]);
+      return 2;
+    }
   }
   auto b = cpu::make_cpu_backend(isa, threads);
   std::printf("cpu backend: isa=%s (detected %s) threads=%d\n", cpu::isa_name(isa),
               cpu::isa_name(cpu::detected_isa()), b->num_threads());
-  for (DType wt : {DType::kBF16, DType::kF32}) {
-    for (int64_t m : {1, 16, 256}) bench_linear(*b, m, 1536, 576, wt);
-    for (int64_t m : {1, 16}) bench_linear(*b, m, 49152, 576, wt);
+  auto want = [&](const char* what) { return only.empty() || only == what; };
+  if (want("probe")) {
+    probes(b->num_threads());
+    // One parallel_for of one empty task per thread: the fixed cost every parallel op pays.
+    cpu::ThreadPool pool(b->num_threads());
+    const double us = time_us([&] {
+      for (int i = 0; i < 100; ++i) pool.parallel_for(pool.size(), [](int64_t, int) {});
+    });
+    std::printf("probe %-38s %10.2f us\n", "thread pool parallel_for round trip", us / 100);
   }
-  bench_attention(*b, "decode ", 16, 1, 512, DType::kF32);
-  bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
-  bench_attention(*b, "prefill", 1, 512, 512, DType::kF32);
-  bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kF32);
+  if (want("linear")) {
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      for (int64_t m : {1, 16, 64, 256}) bench_linear(*b, m, 1536, 576, wt);
+      bench_linear(*b, 1, 576, 1536, wt);
+      for (int64_t m : {1, 16}) bench_linear(*b, m, 49152, 576, wt);
+    }
+  }
+  if (want("attention")) {
+    bench_attention(*b, "decode ", 16, 1, 512, DType::kF32);
+    bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
+    bench_attention(*b, "prefill", 1, 512, 512, DType::kF32);
+    bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kF32);
+  }
+  if (want("step")) {
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      bench_step(*b, wt, {1, 1, 256, "decode"});
+      bench_step(*b, wt, {1, 512, 512, "prefill"});
+      bench_step(*b, wt, {64, 1, 384, "batch64"});
+    }
+  }
   return 0;
 }

@@ -268,11 +268,22 @@ FT_INLINE float exp1(float x) {
 template <int HG, int DT>
 FT_INLINE void attn_step(const float* const* q, float* const* o, float* mx, float* sum,
                          const void* kc, const void* vc, int64_t base, int hd, int nk, float scale,
-                         float* sc /* [HG, bsp] */, int bsp) {
+                         float* sc /* [HG, bsp] */, int bsp, const char* pk = nullptr,
+                         const char* pv = nullptr, int pf_bytes = 0) {
   const int dv = hd - hd % W, tail = hd - dv;
   const float ninf = -__builtin_inff();
   // Scores. Keys are independent, so consecutive keys' chains overlap in the core.
+  // pk/pv: the next block's K and V rows of this head (pf_bytes each); a block is one page or
+  // less, so the hardware prefetchers never cross into the next (scattered) block by themselves.
+  // Each key step requests a share of them while this block computes.
+  const int pf_step = pk ? (pf_bytes / nk + 63) / 64 * 64 : 0;
   for (int j = 0; j < nk; ++j) {
+    if (pk) {
+      for (int o = j * pf_step; o < (j + 1) * pf_step && o < pf_bytes; o += 64) {
+        __builtin_prefetch(pk + o, 0, 3);
+        __builtin_prefetch(pv + o, 0, 3);
+      }
+    }
     V acc[HG];
 #pragma GCC unroll 4
     for (int h = 0; h < HG; ++h) acc[h] = VT::zero();
@@ -363,13 +374,26 @@ void attention_t(const AttnItem& a, float* scratch) {
   const int last_pos = a.first_pos + nq - 1;
   const int nblocks = last_pos / bs + 1;
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
+  constexpr int kEs = DT == 0 ? 4 : 2;
+  const int head_bytes = static_cast<int>(head_elems) * kEs;
   for (int b = 0; b < nblocks; ++b) {
     const int64_t base = (static_cast<int64_t>(a.block_table[b]) * a.num_kv_heads + a.kv_head) * head_elems;
     const int start = b * bs;
+    // The first query row that visits this block prefetches the next block (K and V of this head).
+    const char* pk = nullptr;
+    const char* pv = nullptr;
+    if (b + 1 < nblocks) {
+      const int64_t nb = (static_cast<int64_t>(a.block_table[b + 1]) * a.num_kv_heads + a.kv_head) * head_elems * kEs;
+      pk = static_cast<const char*>(a.k_cache) + nb;
+      pv = static_cast<const char*>(a.v_cache) + nb;
+    }
     for (int i = 0; i < nq; ++i) {
       const int pos = a.first_pos + i;
       if (pos < start) continue;
       const int nk = imin_(bs, pos - start + 1);
+      const char* qpk = pk;
+      const char* qpv = pv;
+      pk = pv = nullptr;
       for (int h0 = 0; h0 < G; h0 += 4) {
         const int hg = imin_(4, G - h0);
         const float* qs[4];
@@ -381,10 +405,10 @@ void attention_t(const AttnItem& a, float* scratch) {
         float* m = mx + i * G + h0;
         float* l = sum + i * G + h0;
         switch (hg) {
-          case 1: attn_step<1, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
-          case 2: attn_step<2, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
-          case 3: attn_step<3, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
-          default: attn_step<4, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp); break;
+          case 1: attn_step<1, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
+          case 2: attn_step<2, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
+          case 3: attn_step<3, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
+          default: attn_step<4, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
         }
       }
     }

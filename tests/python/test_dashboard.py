@@ -3,12 +3,14 @@ chromium (no console errors, the right number of blocks, a grid that changes whi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -89,6 +91,62 @@ def test_histogram_percentiles_window() -> None:
         h.observe(v)
     est = histogram_percentiles(h, base)
     assert est["count"] == 4 and 0.01 <= est["p50"] <= 0.02 and 0.01 <= est["p99"] <= 0.02
+
+
+def test_engine_snapshot_matches_tables(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Engine.snapshot() against the stats and the block tables it reports: states add up, every
+    running table is in use, and ref counts equal the tables that hold each block."""
+    from collections import Counter
+
+    from fantai import _C, LLM
+
+    llm = LLM(str(build_tiny_model(tmp_path_factory.mktemp("tiny_snap"))), num_kv_blocks=40,
+              block_size=16, threads=1, max_num_seqs=3)
+    prefix = list(range(10, 58))  # 3 full blocks shared through the prefix cache
+    for i in range(5):
+        params = _C.SamplingParams()
+        params.max_tokens, params.ignore_eos, params.temperature = 40, True, 0.0
+        llm.engine.add_request(100 + i, prefix + [60 + i] * (5 + 7 * i), params)
+    ever_shared = False
+    for step in range(100):
+        llm.engine.step()
+        snap, stats = llm.engine.snapshot(), llm.engine.stats()
+        states = Counter(snap["block_states"])
+        assert len(snap["block_states"]) == stats["num_total_blocks"] == 40
+        assert states[2] == stats["num_used_blocks"] and states[1] == stats["num_cached_blocks"]
+        holders = Counter(b for r in snap["requests"] for b in r["block_table"])
+        assert dict(snap["shared"]) == {b: n for b, n in holders.items() if n > 1}, step
+        running = [r for r in snap["requests"] if r["status"] == "running"]
+        assert len(running) == stats["num_running"] <= 3
+        for r in running:
+            assert all(snap["block_states"][b] == 2 for b in r["block_table"])
+            assert len(r["block_table"]) == -(-r["num_computed_tokens"] // 16) or \
+                len(r["block_table"]) == -(-r["num_tokens"] // 16)
+        ever_shared = ever_shared or bool(snap["shared"])
+    # the second wave takes the first wave's cached prefix blocks: one block, several owners
+    assert ever_shared
+
+
+def test_stream_ends_when_server_drains(tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "m")
+    proc = start_server([str(model), "--kv-cache-memory", "2M", "--threads", "1",
+                         "--shutdown-timeout", "30", "--log-level", "warning"],
+                        tmp_path / "drain.log")
+    ended = threading.Event()
+
+    def read() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "GET", f"{proc.base_url}/dashboard/stream", timeout=60) as r:
+            for _ in r.iter_lines():
+                pass
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    time.sleep(1.0)
+    start = time.monotonic()
+    assert proc.stop() == 0
+    # An open dashboard does not hold the shutdown for its grace period (30 s here).
+    assert time.monotonic() - start < 10 and ended.wait(5)
 
 
 # ---- the stream -------------------------------------------------------------------------------

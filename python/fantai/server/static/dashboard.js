@@ -275,7 +275,12 @@ function drawGrid() {
     ctx.fillRect(x, y, cell - gap, cell - gap);
     const refs = dash.refs.get(b);
     if (refs) sharedMark(ctx, x, y, cell - gap, refs);
-    if (mine && cell >= 14) { ctx.fillStyle = "#fff"; ctx.fillText(String(mine[1]), x + cell / 2, y + cell / 2); }
+    if (mine && cell >= 14) {
+      // Logical index; bottom-left when the top-right corner holds a ref-count badge.
+      const [tx, ty] = refs ? [x + cell * 0.36, y + cell * 0.62] : [x + cell / 2, y + cell / 2];
+      ctx.fillStyle = "#fff";
+      ctx.fillText(String(mine[1]), tx, ty);
+    }
   }
   ctx.globalAlpha = 1;
   dash.drawnBlocks = dash.numBlocks;
@@ -287,7 +292,7 @@ function sharedMark(ctx, x, y, size, refs) {
   ctx.strokeRect(x + ctx.lineWidth / 2, y + ctx.lineWidth / 2, size - ctx.lineWidth, size - ctx.lineWidth);
   if (size < 14) return;
   // The ref count sits in a corner badge so a highlighted block's logical index stays readable.
-  const r = Math.max(5, size / 3.2);
+  const r = Math.max(4, size / 4);
   ctx.fillStyle = "#111827";
   ctx.fillRect(x + size - 2 * r, y, 2 * r, 2 * r);
   ctx.fillStyle = "#fff";

@@ -142,6 +142,8 @@ def to_png(series: list[Series], out: Path) -> None:
         ax.set_xlabel(x_label(series))
         ax.grid(alpha=0.3)
     axes[0].legend()
+    fig.text(0.995, 0.01, "latency: solid = median, dashed = p99", ha="right", fontsize=9,
+             color="#6b7280")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

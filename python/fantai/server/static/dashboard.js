@@ -49,6 +49,7 @@ function onSnapshot(msg) {
   dash.numBlocks = stats.num_total_blocks;
   dash.blockSize = stats.block_size;
   if (msg.blocks) applyBlocks(msg.blocks, msg.shared || [], msg.requests || []);
+  else if (dash.states.length !== dash.numBlocks) dash.states = new Uint8Array(dash.numBlocks);
   for (const s of msg.steps || []) dash.steps.push(s);
   if (dash.steps.length > STEP_WINDOW) dash.steps.splice(0, dash.steps.length - STEP_WINDOW);
   addSample(msg);

@@ -118,6 +118,7 @@ class Engine {
   const model::ModelConfig& model_config() const { return model_->config(); }
   const BlockManager& block_manager() const { return *blocks_; }
   size_t kv_cache_bytes() const { return cache_->bytes(); }
+  size_t kv_resident_bytes() const { return cache_->resident_bytes(); }
 
  private:
   void sample_and_postprocess(const ScheduledBatch& batch, const std::vector<float>& logits,

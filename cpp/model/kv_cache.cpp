@@ -1,6 +1,11 @@
 // model: KV pool allocation.
 #include "model/kv_cache.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <vector>
+
 #include "common/check.h"
 
 namespace fantai::model {
@@ -30,6 +35,17 @@ void KVCache::copy_block(int32_t src, int32_t dst, Backend* backend) {
       backend->copy(base + dst * block_bytes_, base + src * block_bytes_, block_bytes_);
     }
   }
+}
+
+size_t KVCache::resident_bytes() const {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(buffer_.data()) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(buffer_.data()) + buffer_.bytes();
+  std::vector<unsigned char> vec((end - begin + page - 1) / page);
+  if (mincore(reinterpret_cast<void*>(begin), end - begin, vec.data()) != 0) return 0;
+  size_t pages = 0;
+  for (unsigned char v : vec) pages += v & 1;
+  return pages * page;
 }
 
 void KVCache::release_blocks(int32_t first, int32_t count, Backend* backend) {

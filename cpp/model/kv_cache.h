@@ -23,6 +23,8 @@ class KVCache {
   size_t bytes() const { return buffer_.bytes(); }
   // Copies one block's K and V in every layer (copy-on-write after a fork).
   void copy_block(int32_t src, int32_t dst, Backend* backend);
+  // Bytes of the pool backed by physical memory right now (mincore; 0 where unsupported).
+  size_t resident_bytes() const;
   // Returns the pages of blocks [first, first + count) in every layer to the OS.
   void release_blocks(int32_t first, int32_t count, Backend* backend);
 

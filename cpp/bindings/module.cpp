@@ -243,6 +243,7 @@ void bind_engine(py::module_& m) {
            py::arg("siblings") = std::vector<std::pair<uint64_t, SamplingParams>>{})
       .def("abort_request", &EngineLoop::abort_request)
       .def("reset_prefix_cache", &EngineLoop::reset_prefix_cache)
+      .def("kv_resident_bytes", &EngineLoop::kv_resident_bytes)
       .def("release_memory", &EngineLoop::release_memory)
       .def("set_idle_release", &EngineLoop::set_idle_release)
       .def("wait_outputs", &EngineLoop::wait_outputs, py::call_guard<py::gil_scoped_release>())

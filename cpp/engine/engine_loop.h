@@ -48,6 +48,8 @@ class EngineLoop {
   // Blocks up to timeout_ms for outputs; returns whatever is queued (possibly nothing).
   std::vector<StepOutput> wait_outputs(int timeout_ms);
   EngineStats stats() const;
+  // mincore over the pool: read-only, safe beside the loop thread.
+  size_t kv_resident_bytes() const { return engine_->kv_resident_bytes(); }
   // Error text of a step that threw (the loop aborts that step's requests and keeps serving).
   std::string last_error() const;
 

@@ -56,7 +56,9 @@ class AsyncEngine:
                 "bytes": self._engine.kv_cache_bytes}
 
     def stats(self) -> dict[str, Any]:
-        return self._loop.stats()
+        stats = self._loop.stats()
+        stats["kv_resident_bytes"] = self._loop.kv_resident_bytes()
+        return stats
 
     def snapshot(self) -> dict[str, Any] | None:
         """The block-level snapshot the loop thread published last (block states, shared blocks'

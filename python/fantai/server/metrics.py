@@ -135,6 +135,8 @@ class ServerMetrics:
                          [("", float(stats.get("prefix_cache_hit_rate", 0.0)))])
         lines += _metric("counter", "kv_cache_evictions_total", "Cached blocks evicted for new content.",
                          [("", stats.get("evictions", 0))])
+        lines += _metric("gauge", "kv_cache_resident_bytes", "KV pool bytes backed by memory now.",
+                         [("", stats.get("kv_resident_bytes", 0))])
         lines += _metric("gauge", "process_resident_memory_bytes", "Resident memory of the server.",
                          [("", _resident_bytes())])
         return lines

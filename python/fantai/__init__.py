@@ -8,7 +8,7 @@ from fantai.outputs import CompletionOutput, Logprob, RequestOutput
 from fantai.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
     from fantai.llm import LLM

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from fantai import _C
-from fantai.loader import parse_bytes
+from fantai.loader import load_model, parse_bytes
 
 
 @dataclass(slots=True)
@@ -57,3 +57,19 @@ def _available_bytes() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+class CoreHolder:
+    """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
+
+    def __init__(self, model: str | None, options: EngineOptions, chat_template: str | None) -> None:
+        loaded = load_model(model, options.dtype, options.threads)
+        self.options = options
+        self.model_path = loaded.path
+        self.tokenizer = loaded.tokenizer
+        self.load_seconds = loaded.load_seconds
+        self.chat_template = chat_template
+        self._model = loaded.model
+        self.engine = _C.Engine(loaded.model, options.core_config(self.tokenizer.eos_token_ids))
+        self.max_model_len: int = self.engine.max_model_len
+        self.vocab_size: int = loaded.model.config.vocab_size

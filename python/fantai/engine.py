@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fantai import _C
-from fantai.config import EngineOptions
-from fantai.loader import load_model
+from fantai.config import CoreHolder, EngineOptions
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
@@ -19,26 +18,19 @@ from fantai.sampling_params import SamplingParams
 logger = logging.getLogger("fantai")
 
 
-class AsyncEngine:
+class AsyncEngine(CoreHolder):
     def __init__(self, model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
                  kv_cache_memory: int | str | None = None, memory_utilization: float | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  seed: int = 0, threads: int | None = None, chat_template: str | None = None,
                  enable_chunked_prefill: bool = True, num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = True, idle_release_seconds: float = 10.0) -> None:
-        self.options = EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization, max_num_seqs,
-                                     max_num_batched_tokens, block_size, seed, threads, enable_chunked_prefill,
-                                     num_kv_blocks, enable_prefix_caching)
-        loaded = load_model(model, dtype, threads)
-        self.model_path = loaded.path
-        self.tokenizer = loaded.tokenizer
-        self.load_seconds = loaded.load_seconds
-        self.chat_template = chat_template
-        self._model = loaded.model
-        self._engine = _C.Engine(loaded.model, self.options.core_config(self.tokenizer.eos_token_ids))
-        self.max_model_len: int = self._engine.max_model_len
-        self.vocab_size: int = loaded.model.config.vocab_size
-        self._loop = _C.EngineLoop(self._engine)
+        super().__init__(model, EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization,
+                                              max_num_seqs, max_num_batched_tokens, block_size, seed, threads,
+                                              enable_chunked_prefill, num_kv_blocks, enable_prefix_caching),
+                         chat_template)
+        # From here on the loop thread owns self.engine: only the thread-safe EngineLoop is used.
+        self._loop = _C.EngineLoop(self.engine)
         # After a burst, unused KV pages go back to the OS once the engine has idled this long.
         self._loop.set_idle_release(idle_release_seconds)
         self._owner: dict[int, tuple[RequestState, int, asyncio.Queue[None], asyncio.AbstractEventLoop]] = {}
@@ -51,9 +43,9 @@ class AsyncEngine:
 
     # ---- public API ------------------------------------------------------------------------
     def kv_pool_info(self) -> dict[str, int]:
-        return {"num_blocks": self._engine.num_blocks, "block_size": self._engine.block_size,
-                "num_tokens": self._engine.num_blocks * self._engine.block_size,
-                "bytes": self._engine.kv_cache_bytes}
+        return {"num_blocks": self.engine.num_blocks, "block_size": self.engine.block_size,
+                "num_tokens": self.engine.num_blocks * self.engine.block_size,
+                "bytes": self.engine.kv_cache_bytes}
 
     def stats(self) -> dict[str, Any]:
         stats = self._loop.stats()

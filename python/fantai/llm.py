@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
-from fantai import _C
-from fantai.config import EngineOptions
-from fantai.loader import load_model
+from fantai.config import CoreHolder, EngineOptions
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
 
 logger = logging.getLogger("fantai")
 
-PromptType = Union[str, list[int], dict[str, Any]]
+PromptType = str | list[int] | dict[str, Any]
 
 
-class LLM:
+class LLM(CoreHolder):
     """A model plus a paged-KV continuous-batching engine, for offline batches.
 
     >>> llm = LLM()  # the bundled SmolLM2-135M-Instruct
@@ -31,16 +29,10 @@ class LLM:
                  seed: int = 0, threads: int | None = None, enable_chunked_prefill: bool = True,
                  num_kv_blocks: int | None = None, chat_template: str | None = None,
                  enable_prefix_caching: bool = True) -> None:
-        self.options = EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization, max_num_seqs,
-                                     max_num_batched_tokens, block_size, seed, threads, enable_chunked_prefill,
-                                     num_kv_blocks, enable_prefix_caching)
-        loaded = load_model(model, dtype, threads)
-        self.model_path = loaded.path
-        self.tokenizer = loaded.tokenizer
-        self.chat_template = chat_template
-        self._model = loaded.model
-        self.engine = _C.Engine(loaded.model, self.options.core_config(self.tokenizer.eos_token_ids))
-        self.max_model_len: int = self.engine.max_model_len
+        super().__init__(model, EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization,
+                                              max_num_seqs, max_num_batched_tokens, block_size, seed, threads,
+                                              enable_chunked_prefill, num_kv_blocks, enable_prefix_caching),
+                         chat_template)
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -68,7 +60,8 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
              tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations: list[list[dict[str, Any]]] = (
+            [messages] if messages and isinstance(messages[0], dict) else messages)  # type: ignore[list-item,assignment]
         prompts = [self.tokenizer.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template or self.chat_template)
                    for conv in conversations]
@@ -77,11 +70,17 @@ class LLM:
         return self.generate(ids, sampling_params, use_tqdm)
 
     def _make_state(self, request_id: str, prompt: PromptType, params: SamplingParams) -> RequestState:
+        text: str | None
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, dict):
             text = prompt.get("prompt")
-            ids = list(prompt["prompt_token_ids"]) if "prompt_token_ids" in prompt else self.tokenizer.encode(text)
+            if "prompt_token_ids" in prompt:
+                ids = list(prompt["prompt_token_ids"])
+            elif isinstance(text, str):
+                ids = self.tokenizer.encode(text)
+            else:
+                raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
         else:
             text, ids = None, list(prompt)
         return RequestState.create(request_id, text, ids, params, self.tokenizer)
@@ -120,8 +119,8 @@ def _normalize_prompts(prompts: PromptType | Sequence[PromptType]) -> list[Promp
     if isinstance(prompts, (str, dict)):
         return [prompts]
     if isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int):
-        return [list(prompts)]  # one prompt given as token ids
-    return list(prompts)
+        return [[int(t) for t in prompts]]  # type: ignore[arg-type]  # one prompt as token ids
+    return list(prompts)  # type: ignore[arg-type]
 
 
 def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:

@@ -14,7 +14,7 @@ from fantai.tokenizer import Tokenizer
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
 
 
-def parse_bytes(value: int | float | str | None) -> int | None:
+def parse_bytes(value: float | str | None) -> int | None:
     """Accepts 1073741824, "1G", "512M", "1.5GiB": binary multiples (K = 1024)."""
     if value is None or isinstance(value, (int, float)):
         return None if value is None else int(value)

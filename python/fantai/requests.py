@@ -50,25 +50,27 @@ class _Child:
 @dataclass(slots=True)
 class RequestState:
     request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
     params: SamplingParams
     tokenizer: Tokenizer
+    result: RequestOutput
     children: list[_Child] = field(default_factory=list)
-    result: RequestOutput | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.result.prompt_token_ids
 
     @classmethod
     def create(cls, request_id: str, prompt: str | None, prompt_ids: list[int],
                params: SamplingParams, tokenizer: Tokenizer) -> RequestState:
-        st = cls(request_id, prompt, prompt_ids, params, tokenizer)
+        children = []
         for i in range(params.best_of or params.n):
             out = CompletionOutput(i, "", [], 0.0, [] if params.logprobs is not None else None)
             detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens,
                                            params.stop, params.include_stop_str_in_output)
-            st.children.append(_Child(next_core_id(), out, detok))
-        st.result = RequestOutput(request_id, prompt, prompt_ids, [c.output for c in st.children][: params.n])
-        st.result.metrics.update(arrival_time=time.monotonic(), num_prompt_tokens=len(prompt_ids))
-        return st
+            children.append(_Child(next_core_id(), out, detok))
+        result = RequestOutput(request_id, prompt, prompt_ids, [c.output for c in children][: params.n])
+        result.metrics.update(arrival_time=time.monotonic(), num_prompt_tokens=len(prompt_ids))
+        return cls(request_id, params, tokenizer, result, children)
 
     def core_requests(self, max_model_len: int) -> list[tuple[int, _C.SamplingParams]]:
         budget = max_model_len - len(self.prompt_token_ids)

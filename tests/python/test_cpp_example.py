@@ -6,9 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import fantai
+import pytest
 from fantai import SamplingParams
 from tiny_models import build_tiny_model
 

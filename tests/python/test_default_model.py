@@ -7,7 +7,6 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from fantai import LLM, SamplingParams
 from fantai.model_files import default_model_path
 

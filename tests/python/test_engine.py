@@ -6,8 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from fantai import LLM, SamplingParams, _C
+from fantai import _C, LLM, SamplingParams
 from tiny_models import build_tiny_model, random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

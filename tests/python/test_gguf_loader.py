@@ -174,7 +174,7 @@ def test_synthetic_llama_all_types(tmp_path):
     from gguf import GGMLQuantizationType as Q
 
     rng = np.random.default_rng(1)
-    r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)
     hf = {
         "model.embed_tokens.weight": (r(32, 64), Q.Q8_0, "token_embd.weight"),
         "model.layers.0.self_attn.q_proj.weight": (r(64, 64), Q.Q4_0, "blk.0.attn_q.weight"),

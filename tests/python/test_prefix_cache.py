@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-from fantai import LLM, SamplingParams, _C
+from fantai import _C, LLM, SamplingParams
 from tiny_models import build_tiny_model, random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

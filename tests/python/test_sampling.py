@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from fantai import LLM, SamplingParams
 from tiny_models import build_tiny_model, hf_logits, hf_model, random_prompts
 

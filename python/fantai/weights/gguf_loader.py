@@ -88,6 +88,8 @@ def _read_fields(reader: GGUFReader) -> dict[str, Any]:
 
 
 def _torch_dtype(file_type: int | None) -> str:
+    if file_type is None:
+        return "float32"
     return {0: "float32", 1: "float16", 32: "bfloat16"}.get(file_type, "float32")
 
 

@@ -66,8 +66,9 @@ void ThreadPool::worker_loop(int index) {
     }
     seen = g;
     if (stop_) return;  // stop_ is written before the generation bump that woke us
-    run_tasks(index);
-    busy_workers_.fetch_sub(1, std::memory_order_acq_rel);
+    active_.fetch_add(1, std::memory_order_seq_cst);
+    if (open_.load(std::memory_order_seq_cst)) run_tasks(index);
+    active_.fetch_sub(1, std::memory_order_release);
   }
 }
 
@@ -84,7 +85,7 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
   fn_ = &fn;
   num_tasks_ = num_tasks;
   next_task_.store(0, std::memory_order_relaxed);
-  busy_workers_.store(num_threads_ - 1, std::memory_order_relaxed);
+  open_.store(true, std::memory_order_seq_cst);  // publishes fn_, num_tasks_, next_task_
   {
     // Bumping under park_mu_ means a worker between its predicate check and wait() cannot miss it.
     std::lock_guard<std::mutex> lk(park_mu_);
@@ -92,8 +93,10 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
   }
   cv_.notify_all();
   run_tasks(0);
-  // Every worker must leave run_tasks before fn_ (on our stack frame's caller) goes away.
-  for (int spins = 0; busy_workers_.load(std::memory_order_acquire) != 0; ++spins) {
+  // Every task is taken: close the job, then wait for the workers that joined it to leave
+  // run_tasks before fn_ (on our caller's stack frame) goes away.
+  open_.store(false, std::memory_order_seq_cst);
+  for (int spins = 0; active_.load(std::memory_order_seq_cst) != 0; ++spins) {
     if (spins < 4096) cpu_relax();
     else std::this_thread::yield();  // oversubscribed: let a descheduled worker finish
   }

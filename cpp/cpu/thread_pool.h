@@ -40,7 +40,13 @@ class ThreadPool {
   const std::function<void(int64_t, int)>* fn_ = nullptr;
   int64_t num_tasks_ = 0;
   std::atomic<int64_t> next_task_{0};
-  std::atomic<int> busy_workers_{0};
+  // A worker joins a job only while it is open: it counts itself in active_, then checks open_
+  // (both seq_cst, so the caller's close-then-read of active_ and the worker's
+  // increment-then-read of open_ cannot both miss each other). The caller closes the job once
+  // every task is taken and waits only for workers that joined: a worker the OS has not run yet
+  // (a loaded machine) no longer holds up the op.
+  std::atomic<bool> open_{false};
+  std::atomic<int> active_{0};
 
   // Workers spin on generation_ for a short while, then park on cv_.
   std::atomic<uint64_t> generation_{0};

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/check.h"
@@ -433,6 +435,22 @@ TEST(ThreadPool, RunsEveryTaskOnceAndNests) {
       if (t == 5) pool.parallel_for(4, [&](int64_t, int) {});  // nested: runs inline
     });
     for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  }
+}
+
+// The caller may close a job before a worker joins it (a worker parked or not yet scheduled):
+// every task still runs exactly once, and every write a worker made is visible on return.
+TEST(ThreadPool, BackToBackJobsSeeAllWrites) {
+  ThreadPool pool(2);
+  std::vector<int64_t> out(64);
+  for (int rep = 0; rep < 3000; ++rep) {
+    const int64_t tasks = 1 + rep % 7;
+    pool.parallel_for(tasks, [&](int64_t t, int) {
+      if (rep % 5 == 0) std::this_thread::yield();
+      out[t] = rep * 100 + t;
+    });
+    for (int64_t t = 0; t < tasks; ++t) ASSERT_EQ(out[t], rep * 100 + t) << "rep " << rep;
+    if (rep % 500 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));  // workers park
   }
 }
 

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -46,13 +48,34 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return pool_.size(); }
 
+  // Large buffers (the KV pool, weights) get their own anonymous mapping: reserved, not
+  // committed, so pages are backed only when first written, and never recycled from a heap that
+  // other allocations already touched (the pool's resident size must mean what it says).
   void* alloc(size_t bytes) override {
+    if (bytes >= kMapThreshold) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      std::lock_guard<std::mutex> lock(mapped_mu_);
+      mapped_[p] = bytes;
+      return p;
+    }
     const size_t n = (std::max<size_t>(bytes, 1) + 63) & ~size_t{63};  // aligned_alloc wants a multiple
     void* p = std::aligned_alloc(64, n);
     if (!p) throw std::bad_alloc();
     return p;
   }
-  void free(void* ptr) override { std::free(ptr); }
+  void free(void* ptr) override {
+    {
+      std::lock_guard<std::mutex> lock(mapped_mu_);
+      auto it = mapped_.find(ptr);
+      if (it != mapped_.end()) {
+        munmap(ptr, it->second);
+        mapped_.erase(it);
+        return;
+      }
+    }
+    std::free(ptr);
+  }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memmove(dst, src, bytes);
   }
@@ -189,9 +212,13 @@ class CpuBackend final : public Backend {
     });
   }
 
+  static constexpr size_t kMapThreshold = size_t{1} << 20;
+
   Isa isa_;
   const KernelTable& k_;
   ThreadPool pool_;
+  std::mutex mapped_mu_;
+  std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
 };
 
 void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache,

@@ -248,13 +248,20 @@ def test_dashboard_in_browser(server: ServerProcess, browser: Any) -> None:
     assert browser.find_element(By.ID, "kv-summary").text.startswith(f"{total} blocks")
 
     before = browser.execute_script("return window.fantaiDash.signatures.size")
-    thread = burst(server, count=12, max_tokens=600)  # 3 waves of --max-num-seqs 4
+    # 10 waves of --max-num-seqs 4: long enough to hover a running request on a fast machine too.
+    thread = burst(server, count=40, max_tokens=900)
     wait_for(browser, "return window.fantaiDash.requests.some(r => r.status === 'running')")
     time.sleep(0.8)  # let the charts fill a little
-    row = wait_for(browser, "return document.querySelector('#requests tbody tr')")
-    ActionChains(browser).move_to_element(row).perform()  # hover: highlight its block table
-    time.sleep(0.3)
-    hovered = browser.execute_script("return window.fantaiDash.hoverId")
+    hovered = None
+    deadline = time.monotonic() + 20
+    while hovered is None and time.monotonic() < deadline:  # a row can leave under the pointer
+        row = wait_for(browser, "return document.querySelector('#requests tbody tr')")
+        try:
+            ActionChains(browser).move_to_element(row).perform()  # hover: highlight its block table
+        except Exception:  # the row was redrawn between finding and hovering it
+            continue
+        time.sleep(0.3)
+        hovered = browser.execute_script("return window.fantaiDash.hoverId")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

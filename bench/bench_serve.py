@@ -1,10 +1,9 @@
-"""Bench room: drive a `fantai serve` (or any OpenAI-compatible) server like `vllm bench serve`.
+"""Bench room: `fantai bench serve` at each concurrency level, optionally against a server this
+script launches, so the time from launching `fantai serve` to a healthy /health is measured too.
 
-Fixed, seeded protocol: N requests of exactly --input-len prompt tokens (token-id prompts cut
-from a seeded word stream, measured with the server's /tokenize) and exactly --output-len output
-tokens (ignore_eos), streamed over /v1/completions, run at each --concurrency level. Reports
-requests/s, output tokens/s, median and p99 TTFT and TPOT, and, with --launch, the time from
-launching `fantai serve` to a healthy /health.
+The client is the packaged one (python/fantai/bench): N requests of exactly --input-len prompt
+tokens (seeded token ids below --vocab-size) and exactly --output-len output tokens (ignore_eos),
+streamed over /v1/completions; it reports request / token throughput, TTFT, TPOT, ITL and E2E.
 
     python bench/bench_serve.py --launch --threads 2 --concurrency 1 16 64
     python bench/bench_serve.py --base-url http://127.0.0.1:8000 --model my-model
@@ -13,131 +12,18 @@ launching `fantai serve` to a healthy /health.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-
-WORDS = (  # noqa: SIM905
-    "the of and to in is was for on that with as by at from his her they this which "
-    "river mountain engine memory token cache batch signal garden window market story "
-    "quickly slowly bright silent ancient modern simple careful").split()
-
-
-@dataclass(slots=True)
-class RequestResult:
-    ok: bool
-    ttft: float = 0.0  # seconds from send to the first streamed token
-    latency: float = 0.0  # seconds from send to the end of the stream
-    output_tokens: int = 0
-    error: str = ""
-
-    @property
-    def tpot(self) -> float | None:
-        if self.output_tokens < 2:
-            return None
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-
-@dataclass(slots=True)
-class LevelReport:
-    concurrency: int
-    num_requests: int
-    completed: int
-    duration_s: float
-    requests_per_s: float
-    output_tokens_per_s: float
-    ttft_median_ms: float
-    ttft_p99_ms: float
-    tpot_median_ms: float
-    tpot_p99_ms: float
-    errors: list[str] = field(default_factory=list)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-async def make_prompts(http: httpx.AsyncClient, model: str, count: int, input_len: int,
-                       seed: int) -> list[list[int]]:
-    """`count` token-id prompts of exactly `input_len` tokens, from a seeded word stream."""
-    rng = random.Random(seed)
-    prompts = []
-    for _ in range(count):
-        text = " ".join(rng.choice(WORDS) for _ in range(input_len * 2))
-        r = await http.post("/tokenize", json={"model": model, "prompt": text})
-        r.raise_for_status()
-        tokens = r.json()["tokens"]
-        if len(tokens) < input_len:
-            raise RuntimeError("prompt text too short for --input-len")
-        prompts.append(tokens[:input_len])
-    return prompts
-
-
-async def one_request(http: httpx.AsyncClient, model: str, prompt: list[int],
-                      output_len: int) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    ttft = 0.0
-    tokens = 0
-    try:
-        async with http.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                body_text = (await r.aread())[:200]
-                return RequestResult(False, error=f"HTTP {r.status_code}: {body_text!r}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                if not ttft and any(c.get("text") for c in chunk.get("choices", [])):
-                    ttft = time.perf_counter() - start
-    except httpx.HTTPError as exc:
-        return RequestResult(False, error=f"{type(exc).__name__}: {exc}")
-    return RequestResult(True, ttft, time.perf_counter() - start, tokens)
-
-
-async def run_level(http: httpx.AsyncClient, model: str, prompts: list[list[int]],
-                    output_len: int, concurrency: int) -> LevelReport:
-    gate = asyncio.Semaphore(concurrency)
-
-    async def limited(prompt: list[int]) -> RequestResult:
-        async with gate:
-            return await one_request(http, model, prompt, output_len)
-
-    start = time.perf_counter()
-    results = await asyncio.gather(*(limited(p) for p in prompts))
-    duration = time.perf_counter() - start
-    ok = [r for r in results if r.ok]
-    ttfts = [r.ttft * 1e3 for r in ok]
-    tpots = [t * 1e3 for t in (r.tpot for r in ok) if t is not None]
-    return LevelReport(
-        concurrency=concurrency, num_requests=len(prompts), completed=len(ok),
-        duration_s=duration, requests_per_s=len(ok) / duration,
-        output_tokens_per_s=sum(r.output_tokens for r in ok) / duration,
-        ttft_median_ms=statistics.median(ttfts) if ttfts else float("nan"),
-        ttft_p99_ms=percentile(ttfts, 0.99),
-        tpot_median_ms=statistics.median(tpots) if tpots else float("nan"),
-        tpot_p99_ms=percentile(tpots, 0.99),
-        errors=sorted({r.error for r in results if not r.ok})[:5])
+from fantai.cli import main as fantai_main
 
 
 def launch_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str, float, Path]:
@@ -168,33 +54,6 @@ def launch_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], st
     raise RuntimeError(f"server did not become ready:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def print_table(reports: list[LevelReport]) -> None:
-    head = (f"{'conc':>5} {'reqs':>5} {'ok':>4} {'dur s':>7} {'req/s':>7} {'out tok/s':>10} "
-            f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'TPOT p50 ms':>12} {'TPOT p99 ms':>12}")
-    print(head)
-    for r in reports:
-        print(f"{r.concurrency:>5} {r.num_requests:>5} {r.completed:>4} {r.duration_s:>7.2f} "
-              f"{r.requests_per_s:>7.3f} {r.output_tokens_per_s:>10.1f} {r.ttft_median_ms:>12.1f} "
-              f"{r.ttft_p99_ms:>12.1f} {r.tpot_median_ms:>12.1f} {r.tpot_p99_ms:>12.1f}")
-        for err in r.errors:
-            print(f"      error: {err}")
-
-
-async def bench(args: argparse.Namespace, base_url: str) -> list[LevelReport]:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=max(args.concurrency) + 8)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
-                                 timeout=args.request_timeout) as http:
-        model = args.model or (await http.get("/v1/models")).json()["data"][0]["id"]
-        await one_request(http, model, [1, 2, 3, 4], 4)  # warm-up, not counted
-        reports = []
-        for level in args.concurrency:
-            count = args.num_prompts or max(8, 2 * level)
-            prompts = await make_prompts(http, model, count, args.input_len, args.seed + level)
-            reports.append(await run_level(http, model, prompts, args.output_len, level))
-        return reports
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8000",
@@ -213,33 +72,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests per level (default: max(8, 2 x concurrency))")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    p.add_argument("--vocab-size", type=int, default=32000,
+                   help="prompt token ids are drawn below this (exact prompt lengths)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     return p.parse_args(argv)
 
 
+def run_level(args: argparse.Namespace, base_url: str, level: int, out: Path) -> int:
+    """One `fantai bench serve` run at a fixed concurrency; its JSON goes to `out`."""
+    argv = ["bench", "serve", "--base-url", base_url, "--max-concurrency", str(level),
+            "--num-prompts", str(args.num_prompts or max(8, 2 * level)),
+            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+            "--range-ratio", "0", "--vocab-size", str(args.vocab_size),
+            "--seed", str(args.seed + level), "--ignore-eos", "--count-tokens", "--warmup", "1",
+            "--no-progress", "--json", str(out)]
+    argv += ["--model", args.model] if args.model else []
+    argv += ["--api-key", args.api_key] if args.api_key else []
+    return fantai_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    proc = None
-    ready_s = None
-    base_url = args.base_url
+    proc, ready_s, base_url = None, None, args.base_url
     if args.launch:
         proc, base_url, ready_s, log = launch_server(args)
         print(f"launch to ready: {ready_s:.2f} s  ({base_url}, log {log})")
+    status, runs = 0, []
     try:
-        reports = asyncio.run(bench(args, base_url))
+        with tempfile.TemporaryDirectory() as tmp:
+            for level in args.concurrency:
+                out = Path(tmp) / f"c{level}.json"
+                status |= run_level(args, base_url, level, out)
+                runs += json.loads(out.read_text())["runs"]
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    print(f"input {args.input_len} tokens, output {args.output_len} tokens, greedy, ignore_eos")
-    print_table(reports)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"launch_to_ready_s": ready_s, "input_len": args.input_len,
-             "output_len": args.output_len, "levels": [asdict(r) for r in reports]}, indent=1))
-    return 0 if all(r.completed == r.num_requests for r in reports) else 1
+        Path(args.json).write_text(json.dumps({"launch_to_ready_s": ready_s, "input_len": args.input_len,
+                                               "output_len": args.output_len, "runs": runs}, indent=1))
+    return status
 
 
 if __name__ == "__main__":

@@ -50,9 +50,10 @@ def test_chunked_prefill_gives_same_tokens(model_dir: Path, llm: LLM, budget: in
     small = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, max_num_batched_tokens=budget,
                 enable_chunked_prefill=chunked)
     assert tokens(small.generate(prompts, GREEDY, use_tqdm=False)) == reference
-    assert small.stats()["num_steps"] > llm.stats()["num_steps"] / 100  # it really ran
-    if chunked:  # the longest prompt (100 tokens) can't be prefilled in one step of `budget`
-        assert small.stats()["prompt_tokens"] >= sum(len(p) for p in prompts)
+    prompt_tokens = sum(len(p) for p in prompts)
+    assert small.stats()["prompt_tokens"] >= prompt_tokens
+    if chunked:  # no step may take more than `budget` tokens, so prefill alone needs this many
+        assert small.stats()["num_steps"] >= -(-prompt_tokens // budget)
 
 
 def test_preemption_keeps_every_request_and_its_tokens(model_dir: Path, llm: LLM) -> None:

@@ -45,7 +45,9 @@ struct Weights::Slot {
 };
 
 Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend)
-    : config_(config), dtype_(dtype), backend_(backend), layers_(config.num_layers) {}
+    : config_(config), dtype_(dtype), backend_(backend), layers_(config.num_layers) {
+  FANTAI_REQUIRE(dtype != DType::kI8, "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
+}
 
 ShardRule shard_rule(const std::string& n) {
   auto has = [&](const char* s) { return n.find(s) != std::string::npos; };

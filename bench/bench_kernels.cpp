@@ -161,6 +161,8 @@ void bench_attention_dtypes(Backend& b) {
   const double dram = dram_bandwidth_gbs(b.num_threads());
   if (dram > 0) std::printf("probe %-38s %10.1f GB/s\n", "DRAM read bandwidth (512 MB)", dram);
   struct Shape { int seqs, ctx; };
+  for (DType kv : {DType::kF32, DType::kBF16, DType::kI8})  // cache resident (<= 1.5 MB): compute
+    bench_attention(b, "decode ", 8, 1, 128, kv, 1, 0);
   for (Shape sh : {Shape{64, 600}, Shape{1, 4096}}) {
     for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) {
       const double pool = 2.0 * sh.seqs * sh.ctx * 3 * 64 * dtype_size(kv);
@@ -445,6 +447,9 @@ int main(int argc, char** argv) {
     }
   }
   if (only == "attention-kv") bench_attention_dtypes(*b);
+  if (only == "attention-kv-long") {  // one shape, for profiling: batch 1 x 4096, int8
+    for (int i = 0; i < 10; ++i) bench_attention(*b, "decode ", 1, 1, 4096, DType::kI8);
+  }
   if (only == "attention-decode") {  // one figure, for profiling
     for (int i = 0; i < 20; ++i) bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
   }

@@ -186,16 +186,17 @@ void bind_model(py::module_& m) {
       .def_property_readonly("dtype", [](const Model& mo) { return std::string(dtype_name(mo.dtype())); })
       .def_property_readonly("num_threads", [](const Model& mo) { return mo.backend()->num_threads(); })
       .def_property_readonly("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
-      .def("score", [](Model& mo, const std::vector<int32_t>& ids) {
+      .def("score", [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {
+        const DType kv = dtype_from_name(kv_cache_dtype);
         std::vector<float> logits;
         {
           py::gil_scoped_release release;
-          logits = mo.score(ids);
+          logits = mo.score(ids, kv);
         }
         py::array_t<float> out({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(mo.config().vocab_size)});
         std::copy(logits.begin(), logits.end(), out.mutable_data());
         return out;
-      });
+      }, py::arg("ids"), py::arg("kv_cache_dtype") = "float32");
 }
 
 void bind_engine(py::module_& m) {

@@ -43,9 +43,9 @@ class Model {
   // logits: [batch.num_logits, vocab_size] f32 (host memory on cpu).
   void forward(const ForwardBatch& batch, KVCache& cache, float* logits);
 
-  // Logits for every position of one sequence, with a private KV cache: [n, vocab_size].
-  // For tests and scoring; the engine never calls it.
-  std::vector<float> score(const std::vector<int32_t>& token_ids);
+  // Logits for every position of one sequence, with a private KV cache of kv_dtype: [n, vocab_size].
+  // For tests and scoring (e.g. the perplexity cost of a KV dtype); the engine never calls it.
+  std::vector<float> score(const std::vector<int32_t>& token_ids, DType kv_dtype = DType::kF32);
 
  private:
   void ensure_workspace(int32_t num_tokens);

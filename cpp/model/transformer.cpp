@@ -139,11 +139,11 @@ void Model::forward(const ForwardBatch& b, KVCache& cache, float* logits) {
   be->linear(normed, weights_.lm_head(), dtype_, nullptr, logits, b.num_logits, c.vocab_size, H);
 }
 
-std::vector<float> Model::score(const std::vector<int32_t>& ids) {
+std::vector<float> Model::score(const std::vector<int32_t>& ids, DType kv_dtype) {
   const int32_t n = static_cast<int32_t>(ids.size());
   FANTAI_REQUIRE(n > 0, "score needs at least one token");
   const int32_t bs = 16, num_blocks = (n + bs - 1) / bs;
-  KVCache cache(config_, num_blocks, bs, DType::kF32, backend_.get());
+  KVCache cache(config_, num_blocks, bs, kv_dtype, backend_.get());
   std::vector<int32_t> positions(n), table(num_blocks), indices(n), cu{0, n}, ctx{n};
   std::vector<int64_t> slots(n);
   for (int32_t i = 0; i < n; ++i) positions[i] = indices[i] = i, slots[i] = i;

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fantai import _C, LLM, SamplingParams
 from fantai.config import resolve_kv_cache_dtype
@@ -90,8 +91,8 @@ def test_cli_flag(model_dir: Path) -> None:
         runs[kv] = res.stdout.strip()
         assert runs[kv]
     llm = LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", kv_cache_memory="4M", threads=1)
-    assert llm.generate(["w5 w6 w7"], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0].outputs[0].text.strip() \
-        == runs["int8"]
+    out = llm.generate(["w5 w6 w7"], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    assert out.outputs[0].text.strip() == runs["int8"]
     for cmd in ("serve", "chat", "bench throughput"):
         res = fantai_cli(*cmd.split(), "--help")
         assert res.returncode == 0 and "--kv-cache-dtype" in res.stdout, cmd
@@ -132,7 +133,8 @@ def test_int8_prefix_caching_and_copy_on_write(model_dir: Path) -> None:
     on = LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", num_kv_blocks=128)
     off = LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", num_kv_blocks=128, enable_prefix_caching=False)
     for _ in range(2):  # the second pass reads the cached (int8) prefix blocks
-        assert tokens(on.generate(prompts, GREEDY, use_tqdm=False)) == tokens(off.generate(prompts, GREEDY, use_tqdm=False))
+        cached = tokens(on.generate(prompts, GREEDY, use_tqdm=False))
+        assert cached == tokens(off.generate(prompts, GREEDY, use_tqdm=False))
     assert on.stats()["prefix_cache_hits"] > 0
 
     # n=4 forks share the 21-token prompt; three children copy the partial last block on write,
@@ -171,3 +173,32 @@ def test_default_model_int8_kv_greedy_chat() -> None:
     # Measured: 5/5 replies identical for both (48 tokens each). Allow one reply to diverge late.
     assert sum(x == y for x, y in zip(runs["int8"], runs["float32"])) >= len(CHAT) - 1
     assert a8 >= 0.9 and a16 >= 0.9, (a8, a16)
+
+
+TEXT = ("The river starts high in the mountains, where snow melts slowly through the spring. Small streams join it "
+        "as it runs down the valley, and by the time it reaches the town it is wide enough for boats. Farmers along "
+        "its banks use the water for their fields, and in dry summers they agree on who may take how much. In the "
+        "town, an old stone bridge crosses the river near the market. Children fish from it in the evening, and "
+        "tourists stop to take pictures of the boats passing underneath. Further down, the river slows and spreads "
+        "into marshes full of birds before it finally reaches the sea.")
+
+
+def perplexity(logits: np.ndarray, ids: list[int]) -> float:
+    x = logits[:-1].astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    logp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+
+
+def test_default_model_int8_kv_perplexity() -> None:
+    """Teacher-forced perplexity of a fixed English paragraph through Model.score with each KV dtype."""
+    llm = LLM(dtype="float32", kv_cache_memory="16M")
+    ids = llm.tokenizer.encode(TEXT, add_special_tokens=False)
+    ppl = {kv: perplexity(llm._model.score(ids, kv), ids) for kv in ("float32", "bfloat16", "int8")}
+    print(f"default model, {len(ids)} tokens, perplexity by KV dtype: "
+          + ", ".join(f"{k} {v:.4f}" for k, v in ppl.items()))
+    assert ppl["int8"] != ppl["float32"]  # the int8 cache really is quantized
+    assert abs(ppl["int8"] / ppl["float32"] - 1) < 0.01, ppl
+    assert abs(ppl["bfloat16"] / ppl["float32"] - 1) < 0.01, ppl
+    with pytest.raises(ValueError, match="unknown dtype"):
+        llm._model.score(ids, "fp8")

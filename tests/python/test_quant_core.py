@@ -31,6 +31,13 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return json.dumps(config), load_file(str(path / "model.safetensors"))
 
 
+@pytest.fixture(autouse=True)
+def f32_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The f32-dequant kernels (exact activations) unless a test asks for the VNNI int8 path; the
+    # backend reads this when a model creates it.
+    monkeypatch.setenv("FANTAI_QUANT_KERNEL", "f32")
+
+
 def make(config: str, quantization: str = "none") -> _C.Model:
     return _C.Model.create(config, "float32", "cpu", 2, quantization)
 
@@ -215,3 +222,37 @@ def test_bad_input_is_a_value_error(tiny: tuple[str, dict[str, np.ndarray]]) -> 
         m.set_tensor_quant("model.layers.0.mlp.down_proj.weight", r["q"] + 16, r["scale"], None, None, None, 4, 32)
     with pytest.raises(ValueError, match="quantization"):
         make(config, "int3")
+
+
+@pytest.mark.skipif(_C.cpu_isa() != "avx512", reason="the int8 path needs AVX-512 (VNNI)")
+def test_vnni_path_stays_close_to_dense(tiny: tuple[str, dict[str, np.ndarray]],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 activations (llama.cpp style) on Q8_0 weights: the logits move by less than the 4-bit
+    weights already move them, and decoding stays batch invariant (each prompt alone gives the
+    tokens it gives in a batch)."""
+    config, tensors = tiny
+    monkeypatch.setenv("FANTAI_QUANT_KERNEL", "vnni")
+    quant = make(config)
+    monkeypatch.setenv("FANTAI_QUANT_KERNEL", "f32")
+    dense, original, q4 = make(config), make(config), make(config)
+    for name, w in tensors.items():
+        original.set_tensor(name, w)
+        if w.ndim == 2:
+            raw = gguf_quantize(w, GGMLQuantizationType.Q8_0).reshape(-1).view(np.uint8)
+            quant.set_tensor_ggml(name, raw, int(GGMLQuantizationType.Q8_0), *w.shape)
+            dense.set_tensor(name, _C.ggml_dequantize(raw, int(GGMLQuantizationType.Q8_0), *w.shape))
+            raw4 = gguf_quantize(w, GGMLQuantizationType.Q4_1).reshape(-1).view(np.uint8)
+            q4.set_tensor_ggml(name, raw4, int(GGMLQuantizationType.Q4_1), *w.shape)
+        else:
+            for m in (quant, dense, q4):
+                m.set_tensor(name, w)
+    for m in (quant, dense, original, q4):
+        m.finalize()
+    for prompt in random_prompts(2, 320, [1, 23], seed=3):
+        ref = original.score(prompt)
+        act_err = np.abs(quant.score(prompt) - dense.score(prompt)).mean()
+        w4_err = np.abs(q4.score(prompt) - ref).mean()
+        assert act_err < 0.25 * w4_err, (act_err, w4_err)
+    prompts = random_prompts(3, 320, [2, 9, 30], seed=4)
+    together = greedy(quant, prompts, 12)
+    assert together == [greedy(quant, [p], 12)[0] for p in prompts]

@@ -200,7 +200,9 @@ class CpuBackend final : public Backend {
     const int64_t row_blocks = ceil_div(m, row_block);
     const int T = pool_.size();
     const int64_t want = (m * w.rows * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
-    const int64_t chunk = std::max<int64_t>(1, ceil_div(panels, want));
+    // Decode tiles are 4 panels wide (4 independent vpdpbusd chains): keep chunks whole tiles.
+    const int64_t chunk = m == 1 ? 4 * std::max<int64_t>(1, (panels + 2 * want) / (4 * want))
+                                 : std::max<int64_t>(1, ceil_div(panels, want));
     const int64_t chunks = ceil_div(panels, chunk);
     const LinearPanelFn fn = panel_fn_;
     pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {

@@ -132,7 +132,7 @@ class CpuBackend final : public Backend {
 
   void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                 int64_t ldy) override {
-    FANTAI_REQUIRE(w.layout == kCpuQuantLayout || (w.layout == kCpuQuantPanelLayout && panel_fn_),
+    FANTAI_REQUIRE(w.layout == kCpuQuantLayout || (is_panel_layout(w.layout) && panel_fn_),
                    "linear_q: matrix was not packed by this cpu backend");
     FANTAI_REQUIRE(m >= 0 && ldy >= w.rows, "linear_q: bad shape m=" << m << " ldy=" << ldy);
     if (m == 0) return;
@@ -145,7 +145,7 @@ class CpuBackend final : public Backend {
         for (int64_t c = 0; c < k; ++c) gathered[r * k + c] = x[r * k + w.perm[c]];
       x = gathered.data();
     }
-    if (w.layout == kCpuQuantPanelLayout) return linear_panel(x, w, bias, y, m, ldy);
+    if (is_panel_layout(w.layout)) return linear_panel(x, w, bias, y, m, ldy);
     // Same split as the dense linear: 64-row blocks x 16-aligned column chunks, a few per thread.
     const int64_t row_block = 64;
     const int64_t row_blocks = ceil_div(m, row_block);
@@ -164,13 +164,13 @@ class CpuBackend final : public Backend {
   }
 
   void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override {
-    FANTAI_REQUIRE(table.layout == kCpuQuantLayout || table.layout == kCpuQuantPanelLayout,
+    FANTAI_REQUIRE(table.layout == kCpuQuantLayout || is_panel_layout(table.layout),
                    "embedding_q: table was not packed by the cpu backend");
     for (int64_t i = 0; i < n; ++i)
       FANTAI_REQUIRE(ids[i] >= 0 && ids[i] < table.rows, "embedding: token id " << ids[i] << " at "
                                                           << i << " is outside [0, " << table.rows << ")");
     const int64_t k = table.cols;
-    const auto fn = table.layout == kCpuQuantPanelLayout ? panel_dequant_row : qk_.dequant_row;
+    const auto fn = is_panel_layout(table.layout) ? panel_dequant_row : qk_.dequant_row;
     std::vector<float> tmp(table.perm ? static_cast<size_t>(n * k) : 0);
     for_rows(n, k, [&](int64_t i) {
       if (!table.perm) return fn(table, ids[i], out + i * k);

@@ -47,12 +47,18 @@ const QKernelTable& qkernels_for(Isa isa);
 // columns (8-bit) or 8 columns (4-bit) 64 bytes: 4 consecutive bytes per row (row-major lanes),
 // so one vpdpbusd multiplies 16 rows by 4 activations with no horizontal sum. 4-bit: the low
 // nibbles hold columns c..c+3 and the high nibbles c+4..c+7. Groups are padded to whole steps.
-// scale / zero / min are panel-major: [panels, ngroups, 16].
+// scale / zero / min are panel-major: [panels, ngroups, 16]. When every scale and min is an f16
+// value (GGUF Q4_0/Q4_1/Q8_0 store them so) they are kept as f16 (kCpuQuantPanelHalfLayout;
+// the float pointers then point at uint16 data), which keeps the resident size at the file's.
 // Activations are quantized per row in blocks of xq_block(w) columns to int8 (round to nearest,
 // d = max|x| / 127), llama.cpp style; each block contributes
 //   scale * d * float(sum q*qx - zero * sum qx) + min * (d * sum qx)
 // in a fixed order (so the result is batch invariant, but not bit-equal to the f32 path).
 constexpr int32_t kCpuQuantPanelLayout = 2;
+constexpr int32_t kCpuQuantPanelHalfLayout = 3;
+inline bool is_panel_layout(int32_t layout) {
+  return layout == kCpuQuantPanelLayout || layout == kCpuQuantPanelHalfLayout;
+}
 bool cpu_has_avx512_vnni();
 size_t cpu_quant_panel_bytes(const QuantMatrix& canonical);
 QuantMatrix cpu_pack_quant_panel(const QuantMatrix& canonical, void* dst);

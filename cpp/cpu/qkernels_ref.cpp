@@ -10,6 +10,7 @@
 #endif
 
 #include "common/check.h"
+#include "common/types.h"
 #include "cpu/qkernels.h"
 
 namespace fantai::cpu {
@@ -135,18 +136,29 @@ int64_t panel_ld(const QuantMatrix& m) {
   return (ng - 1) * panel_group_bytes(m, 0) + panel_group_bytes(m, ng - 1);
 }
 
-Offsets panel_offsets(const QuantMatrix& m) {
+bool is_half(float v) { return std::isfinite(v) && f16_to_f32(f32_to_f16(v)) == v; }
+
+// Whether every scale and min survives a round trip through f16.
+bool half_scales(const QuantMatrix& m) {
+  const int64_t n = m.rows * m.ngroups();
+  for (int64_t i = 0; i < n; ++i)
+    if (!is_half(m.scale[i]) || (m.min && !is_half(m.min[i]))) return false;
+  return true;
+}
+
+Offsets panel_offsets(const QuantMatrix& m, bool half) {
   const int64_t panels = (m.rows + 15) / 16;
   const size_t n = static_cast<size_t>(panels * m.ngroups() * 16);
+  const size_t es = half ? 2 : 4;
   int32_t zp;
   Offsets o;
   size_t at = align64(static_cast<size_t>(panels * panel_ld(m)));
   o.scale = at;
-  at = align64(at + n * sizeof(float));
+  at = align64(at + n * es);
   o.zero = at;
   if (!uniform_zero(m, &zp)) at = align64(at + n);
   o.min = at;
-  if (m.min) at = align64(at + n * sizeof(float));
+  if (m.min) at = align64(at + n * es);
   o.perm = at;
   if (m.perm) at = align64(at + static_cast<size_t>(m.cols) * sizeof(int32_t));
   o.total = at;
@@ -171,16 +183,17 @@ size_t panel_pos(const QuantMatrix& m, int64_t r, int64_t c, int64_t ld, bool* h
 
 size_t cpu_quant_panel_bytes(const QuantMatrix& m) {
   check_quant_matrix(m);
-  return panel_offsets(m).total;
+  return panel_offsets(m, half_scales(m)).total;
 }
 
 QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   check_quant_matrix(m);
-  const Offsets o = panel_offsets(m);
+  const bool half = half_scales(m);
+  const Offsets o = panel_offsets(m, half);
   char* base = static_cast<char*>(dst);
   std::memset(base, 0, o.total);
   QuantMatrix p = m;
-  p.layout = kCpuQuantPanelLayout;
+  p.layout = half ? kCpuQuantPanelHalfLayout : kCpuQuantPanelLayout;
   p.ld = panel_ld(m);
   uint8_t* out = reinterpret_cast<uint8_t*>(base);
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
@@ -191,20 +204,26 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
       out[at] |= static_cast<uint8_t>(q[r * m.ld + c] << (high ? 4 : 0));
     }
   const int64_t ng = m.ngroups();
-  float* scale = reinterpret_cast<float*>(base + o.scale);
-  float* mn = m.min ? reinterpret_cast<float*>(base + o.min) : nullptr;
   int32_t zp = 0;
   const bool uniform = uniform_zero(m, &zp);
   uint8_t* zero = uniform ? nullptr : reinterpret_cast<uint8_t*>(base + o.zero);
+  auto put = [&](size_t region, size_t at, float v) {
+    if (half) {
+      const uint16_t h = f32_to_f16(v);
+      std::memcpy(base + region + at * 2, &h, 2);
+    } else {
+      std::memcpy(base + region + at * 4, &v, 4);
+    }
+  };
   for (int64_t r = 0; r < m.rows; ++r)
     for (int64_t g = 0; g < ng; ++g) {
       const size_t at = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
-      scale[at] = m.scale[r * ng + g];
-      if (mn) mn[at] = m.min[r * ng + g];
+      put(o.scale, at, m.scale[r * ng + g]);
+      if (m.min) put(o.min, at, m.min[r * ng + g]);
       if (zero) zero[at] = m.zero[r * ng + g];
     }
-  p.scale = scale;
-  p.min = mn;
+  p.scale = reinterpret_cast<const float*>(base + o.scale);
+  p.min = m.min ? reinterpret_cast<const float*>(base + o.min) : nullptr;
   p.zero = zero;
   p.zero_point = uniform ? zp : 0;
   if (m.perm) {
@@ -224,8 +243,12 @@ void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out) {
     const int q = w.bits == 8 ? b : high ? b >> 4 : b & 15;
     const size_t i = static_cast<size_t>(((r / 16) * ng + c / w.group) * 16 + r % 16);
     const int z = w.zero ? w.zero[i] : w.zero_point;
-    volatile float v = w.scale[i] * static_cast<float>(q - z);
-    out[c] = w.min ? v + w.min[i] : v;
+    const bool half = w.layout == kCpuQuantPanelHalfLayout;
+    auto get = [&](const float* a) {
+      return half ? f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]) : a[i];
+    };
+    volatile float v = get(w.scale) * static_cast<float>(q - z);
+    out[c] = w.min ? v + get(w.min) : v;
   }
 }
 

@@ -8,7 +8,7 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
     !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #endif
 
 #if defined(__x86_64__) && ((defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)) || \
@@ -30,9 +30,19 @@ FV_INLINE __m512i bcast4(const int8_t* p) {
 
 FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// 16 lanes of scale (or min) at element i: f32, or f16 in the half-scale layout.
+template <bool HS>
+FV_INLINE __m512 load_scale(const float* a, int64_t i) {
+  if constexpr (HS) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(a) + i)));
+  } else {
+    return _mm512_loadu_ps(a + i);
+  }
+}
+
 // R activation rows x PC panels. Integer sums inside a block are exact, so only the per-block
 // float updates have an order, and it is fixed by (k, group, block).
-template <int R, int PC, int BITS, bool HZ, bool HM>
+template <int R, int PC, int BITS, bool HZ, bool HM, bool HS>
 FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                           int64_t ldy, int64_t p, int64_t r0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
@@ -49,12 +59,12 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
 #pragma GCC unroll 4
     for (int c = 0; c < PC; ++c) {
       const int64_t gi = ((p + c) * ng + g) * 16;
-      vs[c] = _mm512_loadu_ps(w.scale + gi);
+      vs[c] = load_scale<HS>(w.scale, gi);
       if constexpr (HZ) {
         vz[c] = w.zero ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero + gi))))
                        : _mm512_set1_ps(static_cast<float>(w.zero_point));
       }
-      if constexpr (HM) vm[c] = _mm512_loadu_ps(w.min + gi);
+      if constexpr (HM) vm[c] = load_scale<HS>(w.min, gi);
     }
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
@@ -128,23 +138,23 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
   }
 }
 
-template <int RR, int PC, int BITS, bool HZ, bool HM>
+template <int RR, int PC, int BITS, bool HZ, bool HM, bool HS>
 FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias,
                           float* y, int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
-    if (rows < RR) return panel_rows<RR - 1, PC, BITS, HZ, HM>(rows, x, w, bias, y, ldy, p, r0);
+    if (rows < RR) return panel_rows<RR - 1, PC, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r0);
   }
-  panel_tile<RR, PC, BITS, HZ, HM>(x, w, bias, y, ldy, p, r0);
+  panel_tile<RR, PC, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0);
 }
 
-template <int BITS, bool HZ, bool HM>
+template <int BITS, bool HZ, bool HM, bool HS>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                     int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {
     // Decode: 4 panels (64 rows) side by side give 4 independent vpdpbusd chains.
     int64_t p = p0;
-    for (; p + 4 <= p1; p += 4) panel_tile<1, 4, BITS, HZ, HM>(x, w, bias, y, ldy, p, 0);
-    for (; p < p1; ++p) panel_tile<1, 1, BITS, HZ, HM>(x, w, bias, y, ldy, p, 0);
+    for (; p + 4 <= p1; p += 4) panel_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+    for (; p < p1; ++p) panel_tile<1, 1, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
     return;
   }
   constexpr int R = 4;
@@ -154,21 +164,28 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
     for (int64_t r = 0; r < m; r += R) {
       const int rows = static_cast<int>(min64(R, m - r));
       int64_t p = pp;
-      for (; p + 2 <= ppe; p += 2) panel_rows<R, 2, BITS, HZ, HM>(rows, x, w, bias, y, ldy, p, r);
-      for (; p < ppe; ++p) panel_rows<R, 1, BITS, HZ, HM>(rows, x, w, bias, y, ldy, p, r);
+      for (; p + 2 <= ppe; p += 2) panel_rows<R, 2, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
+      for (; p < ppe; ++p) panel_rows<R, 1, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
     }
   }
+}
+
+template <int BITS, bool HZ, bool HM>
+void linear_panel_s(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  if (w.layout == kCpuQuantPanelHalfLayout) linear_panel_t<BITS, HZ, HM, true>(x, w, bias, y, m, ldy, p0, p1);
+  else linear_panel_t<BITS, HZ, HM, false>(x, w, bias, y, m, ldy, p0, p1);
 }
 
 void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                   int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
   const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
   if (w.bits == 4) {
-    if (hz) hm ? linear_panel_t<4, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_t<4, true, false>(x, w, bias, y, m, ldy, p0, p1);
-    else hm ? linear_panel_t<4, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_t<4, false, false>(x, w, bias, y, m, ldy, p0, p1);
+    if (hz) hm ? linear_panel_s<4, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, true, false>(x, w, bias, y, m, ldy, p0, p1);
+    else hm ? linear_panel_s<4, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, false, false>(x, w, bias, y, m, ldy, p0, p1);
   } else {
-    if (hz) hm ? linear_panel_t<8, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_t<8, true, false>(x, w, bias, y, m, ldy, p0, p1);
-    else hm ? linear_panel_t<8, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_t<8, false, false>(x, w, bias, y, m, ldy, p0, p1);
+    if (hz) hm ? linear_panel_s<8, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, true, false>(x, w, bias, y, m, ldy, p0, p1);
+    else hm ? linear_panel_s<8, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, false, false>(x, w, bias, y, m, ldy, p0, p1);
   }
 }
 

@@ -256,12 +256,22 @@ XQ quantize_x(const float* x, int64_t m, int64_t k, int32_t block) {
   return r;
 }
 
+// Scales and mins rounded to f16 values, as GGUF Q4_0/Q4_1/Q8_0 hold them (the panel layout
+// then keeps them in f16).
+void round_scales_to_half(QuantTensor* t) {
+  for (auto& v : t->scale) v = f16_to_f32(f32_to_f16(v));
+  for (auto& v : t->min) v = f16_to_f32(f32_to_f16(v));
+}
+
 TEST(QuantPanel, DequantRowIsExact) {
   uint32_t seed = 900;
+  for (bool half : {false, true})
   for (const Spec& s : kSpecs)
     for (int64_t rows : {5, 16, 37}) {
-      const QuantTensor t = random_quant(rows, 100, s, seed++);
+      QuantTensor t = random_quant(rows, 100, s, seed++);
+      if (half) round_scales_to_half(&t);
       const Packed p = pack_panel(t);
+      ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
       QuantTensor stored = t;
       stored.perm.clear();
       std::vector<float> want(rows * 100), got(100);
@@ -271,6 +281,13 @@ TEST(QuantPanel, DequantRowIsExact) {
         ASSERT_EQ(0, std::memcmp(got.data(), want.data() + r * 100, 400)) << "row " << r;
       }
     }
+}
+
+TEST(QuantPanel, HalfScalesKeepTheFileSize) {
+  // Q4_1-like: 4-bit, group 32, f16 scale and min: 16 + 2 + 2 bytes per 32 weights, as in GGUF.
+  QuantTensor t = random_quant(64, 576, {4, 32, false, true, false}, 31);
+  round_scales_to_half(&t);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 576 / 32 * 20);
 }
 
 TEST(QuantPanel, ActivationQuantizationRoundsPerBlock) {
@@ -289,12 +306,15 @@ TEST(QuantPanel, LinearMatchesInt8Reference) {
   if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
   auto be = cpu::make_cpu_backend(Isa::kAvx512, 2);
   uint32_t seed = 1000;
+  for (bool half : {false, true})
   for (const Spec& s : kSpecs)
     for (int64_t m : {1, 3, 17, 64})
       for (int64_t k : {40, 100, 257}) {
         const int64_t n = 37;
-        const QuantTensor t = random_quant(n, k, s, seed++);
+        QuantTensor t = random_quant(n, k, s, seed++);
+        if (half) round_scales_to_half(&t);
         const Packed p = pack_panel(t);
+        ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
         const std::vector<float> x = randn(m * k, seed++);
         const std::vector<float> bias = randn(n, seed++);
         std::vector<float> xg = x;
@@ -354,7 +374,7 @@ TEST(QuantPanel, BackendPacksPanelsUnlessAskedForF32) {
   auto vnni = cpu::make_cpu_backend(Isa::kAvx512, 1);
   std::vector<uint8_t> a(f32->quant_packed_bytes(t.view())), b(vnni->quant_packed_bytes(t.view()));
   EXPECT_EQ(f32->pack_quant(t.view(), a.data()).layout, cpu::kCpuQuantLayout);
-  EXPECT_EQ(vnni->pack_quant(t.view(), b.data()).layout, cpu::kCpuQuantPanelLayout);
+  EXPECT_TRUE(cpu::is_panel_layout(vnni->pack_quant(t.view(), b.data()).layout));
   setenv("FANTAI_QUANT_KERNEL", "fast", 1);
   EXPECT_THROW(cpu::make_cpu_backend(Isa::kAvx512, 1), InvalidArgument);
   unsetenv("FANTAI_QUANT_KERNEL");

@@ -92,7 +92,7 @@ def test_set_tensor_quant_matches_dense_dequantized(tiny: tuple[str, dict[str, n
         perm = rng.permutation(w.shape[1]).astype(np.int32) if act_order else None
         stored = w[:, perm] if perm is not None else w  # stored column c multiplies x[perm[c]]
         r = _C.quantize_rtn(np.ascontiguousarray(stored), bits, group, symmetric)
-        g = group if group > 0 else w.shape[1]
+        g = group  # -1: per channel, as quantize_rtn takes it
         zero = r["zero"]  # symmetric: all 2^(bits-1), which the core keeps as one constant
         quant.set_tensor_quant(name, r["q"], r["scale"], zero, None, perm, bits, g)
         dense.set_tensor(name, _C.quant_dequantize(r["q"], r["scale"], zero, None, perm, bits, g))

@@ -17,6 +17,8 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <immintrin.h>
 #endif
 
@@ -389,17 +391,80 @@ FT_PROBE_AVX512 __attribute__((noinline)) float fma_chain(long iters) {
   return _mm512_reduce_add_ps(s);
 }
 
+// N independent accumulator chains: enough to cover latency x ports for FMA (4 x 2); the dot
+// products are probed with 12 and 24 chains, so a longer latency cannot pass for a lower rate.
+template <int N>
 FT_PROBE_AVX512 __attribute__((noinline)) float dpbf16_chain(long iters) {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.1f * i);
+  __m512 a[N];
+  for (int i = 0; i < N; ++i) a[i] = _mm512_set1_ps(0.1f * i);
   const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3a80);
   for (long it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], m, c);
+#pragma GCC unroll 24
+    for (int i = 0; i < N; ++i) a[i] = _mm512_dpbf16_ps(a[i], m, c);
   }
   __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  for (int i = 1; i < N; ++i) s = _mm512_add_ps(s, a[i]);
   return _mm512_reduce_add_ps(s);
+}
+
+// VNNI u8 x s8 -> s32 dot products (vpdpbusd): 16 lanes x 4 products, 128 integer ops each.
+template <int N>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))) __attribute__((noinline)) int
+dpbusd_chain(long iters) {
+  __m512i a[N];
+  for (int i = 0; i < N; ++i) a[i] = _mm512_set1_epi32(i);
+  const __m512i m = _mm512_set1_epi8(3), c = _mm512_set1_epi8(-2);
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < N; ++i) a[i] = _mm512_dpbusd_epi32(a[i], m, c);
+  }
+  __m512i s = a[0];
+  for (int i = 1; i < N; ++i) s = _mm512_add_epi32(s, a[i]);
+  return _mm512_reduce_add_epi32(s);
+}
+
+// AMX (Sapphire Rapids tiles): tdpbf16ps / tdpbusd on register-resident 16x64-byte tiles, four
+// independent accumulators. Linux hands out the tile state only on request (arch_prctl).
+#define FT_PROBE_AMX __attribute__((target("amx-tile,amx-bf16,amx-int8")))
+struct AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_usable() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1) || !((d >> 24) & 1)) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+}
+
+// Returns seconds for `iters` rounds of 4 tile ops (bf16: 16x16x32 MACs each; int8: 16x16x64).
+FT_PROBE_AMX __attribute__((noinline)) double amx_chain(long iters, bool int8) {
+  AmxConfig cfg;
+  for (int i = 0; i < 8; ++i) { cfg.colsb[i] = 64; cfg.rows[i] = 16; }
+  _tile_loadconfig(&cfg);
+  alignas(64) static uint16_t a[16 * 32], b[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) { a[i] = 0x3f80; b[i] = 0x3a80; }
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  _tile_loadd(4, a, 64); _tile_loadd(5, b, 64); _tile_loadd(6, a, 64); _tile_loadd(7, b, 64);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (int8) {
+    for (long i = 0; i < iters; ++i) { _tile_dpbusd(0, 4, 5); _tile_dpbusd(1, 4, 7); _tile_dpbusd(2, 6, 5); _tile_dpbusd(3, 6, 7); }
+  } else {
+    for (long i = 0; i < iters; ++i) { _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 6, 5); _tile_dpbf16ps(3, 6, 7); }
+  }
+  alignas(64) static thread_local float out[16 * 16];
+  _tile_stored(0, out, 64);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  _tile_release();
+  return s;
+}
+
+bool has_avx512vnni() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return c & (1u << 11);
 }
 
 FT_PROBE_AVX512 __attribute__((noinline)) float read_sum(const float* p, size_t n) {
@@ -440,8 +505,27 @@ void probes(int T) {
   double s = par_best(T, 5, [&](int) { sink = fma_chain(iters); });
   std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (zmm)", T * iters * 12.0 * 32 / s * 1e-9, T);
   if (has_avx512bf16()) {
-    s = par_best(T, 5, [&](int) { sink = dpbf16_chain(iters); });
+    s = par_best(T, 5, [&](int) { sink = dpbf16_chain<12>(iters); });
     std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm)", T * iters * 12.0 * 64 / s * 1e-9);
+    s = par_best(T, 5, [&](int) { sink = dpbf16_chain<24>(iters / 2); });
+    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm, 24 chains)", T * iters * 12.0 * 64 / s * 1e-9);
+  }
+  if (amx_usable()) {
+    const long amx_iters = iters / 8;
+    s = par_best(T, 5, [&](int) { amx_chain(amx_iters, false); });
+    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak AMX tdpbf16ps", T * amx_iters * 4.0 * 16 * 16 * 32 * 2 / s * 1e-9);
+    s = par_best(T, 5, [&](int) { amx_chain(amx_iters, true); });
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak AMX tdpbusd u8*s8", T * amx_iters * 4.0 * 16 * 16 * 64 * 2 / s * 1e-9);
+  } else {
+    std::printf("probe %-38s %10s\n", "peak AMX", "not usable (no CPUID AMX or no kernel permission)");
+  }
+  if (has_avx512vnni()) {
+    volatile int isink = 0;
+    s = par_best(T, 5, [&](int) { isink = dpbusd_chain<12>(iters); });
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm)", T * iters * 12.0 * 128 / s * 1e-9);
+    s = par_best(T, 5, [&](int) { isink = dpbusd_chain<24>(iters / 2); });
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm, 24 chains)", T * iters * 12.0 * 128 / s * 1e-9);
+    (void)isink;
   }
   for (size_t mb : {1, 8, 64, 512}) {
     const size_t n = mb << 18, per = n / T;  // floats in all, per thread

@@ -50,6 +50,12 @@ py::dict stats_dict(const engine::EngineStats& s) {
   d["copy_on_writes"] = s.copy_on_writes;
   d["bytes_per_block"] = s.bytes_per_block;
   d["num_releases"] = s.num_releases;
+  d["time_schedule_s"] = s.time_schedule_s;
+  d["time_prepare_s"] = s.time_prepare_s;
+  d["time_forward_s"] = s.time_forward_s;
+  d["time_sample_s"] = s.time_sample_s;
+  d["time_postprocess_s"] = s.time_postprocess_s;
+  d["time_step_s"] = s.time_step_s;
   return d;
 }
 

@@ -222,6 +222,7 @@ StepOutput Engine::finish_output(Request& r, FinishReason reason) {
 
 std::vector<StepOutput> Engine::step() {
   std::vector<StepOutput> outs;
+  const double t_start = now_seconds();
   ScheduledBatch batch = scheduler_->schedule();
   for (Request* r : batch.finished_out_of_blocks) {
     FANTAI_LOG(kWarning, "request " << r->id << " needs more KV blocks than the pool has; finished (length)");
@@ -234,10 +235,14 @@ std::vector<StepOutput> Engine::step() {
   }
   if (batch.empty()) return outs;
   const double t = now_seconds();
+  counters_.time_schedule_s += t - t_start;
   for (const ScheduledSeq& s : batch.seqs) {
     if (s.request->first_scheduled_time < 0) s.request->first_scheduled_time = t;
   }
   const std::vector<float>& logits = runner_->run(batch);
+  const double t_run = now_seconds();
+  counters_.time_prepare_s += runner_->last_prepare_seconds();
+  counters_.time_forward_s += t_run - t - runner_->last_prepare_seconds();
   scheduler_->on_step_done(batch);
   counters_.num_steps++;
   counters_.last_batch_tokens = batch.num_tokens;
@@ -245,6 +250,10 @@ std::vector<StepOutput> Engine::step() {
   counters_.last_batch_prefill = batch.num_prefill_tokens;
   counters_.prompt_tokens += batch.num_prefill_tokens;
   sample_and_postprocess(batch, logits, &outs);
+  const double t_end = now_seconds();
+  counters_.time_postprocess_s += t_end - t_run - last_sample_s_;
+  counters_.time_sample_s += last_sample_s_;
+  counters_.time_step_s += t_end - t_start;
   return outs;
 }
 
@@ -282,7 +291,9 @@ void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vect
     rows.push_back({&r->params, &r->prompt, &r->output, &r->rng, banned[i].empty() ? nullptr : &banned[i]});
   }
   std::vector<model::SampleResult> results;
+  const double t0 = now_seconds();
   model::sample(const_cast<float*>(rows_data), vocab, rows, &results);
+  last_sample_s_ = now_seconds() - t0;
   for (size_t i = 0; i < sampled.size(); ++i) postprocess(sampled[i], results[i], outs);
 }
 

@@ -65,6 +65,14 @@ struct EngineStats {
   int64_t evictions = 0, copy_on_writes = 0;
   int64_t bytes_per_block = 0;
   int64_t num_releases = 0;                 // release_memory() calls that returned pages
+  // Wall seconds spent in each phase of step(), summed over all steps: the engine's own overhead
+  // (everything but forward) as a share of step time, measured where it happens.
+  double time_schedule_s = 0.0;     // scheduler: admission, preemption, block allocation
+  double time_prepare_s = 0.0;      // model runner: token ids, positions, slots, block tables
+  double time_forward_s = 0.0;      // backend forward incl. logits
+  double time_sample_s = 0.0;       // sampler over the rows that sample
+  double time_postprocess_s = 0.0;  // outputs, stop checks, finishing and freeing requests
+  double time_step_s = 0.0;         // whole step() calls that ran a batch
 };
 
 // One live request as an observer (the dashboard) sees it: where its KV lives, how far it got.
@@ -139,6 +147,7 @@ class Engine {
   std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, SamplingParams>>> pending_siblings_;
   std::mt19937_64 rng_;
   EngineStats counters_;
+  double last_sample_s_ = 0.0;  // the sampler's share of the current step
 };
 
 // Bytes for the KV pool when none is given: 25% of MemAvailable, capped at 4 GiB, so the

@@ -3,6 +3,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/check.h"
 
@@ -61,8 +62,10 @@ void ModelRunner::prepare(const ScheduledBatch& batch) {
 }
 
 const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
   for (const auto& [src, dst] : batch.block_copies) cache_->copy_block(src, dst, model_->backend());
+  last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   logits_.resize(static_cast<size_t>(fb_.num_logits) * model_->config().vocab_size);
   model_->forward(fb_, *cache_, logits_.data());
   return logits_;

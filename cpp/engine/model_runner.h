@@ -19,6 +19,8 @@ class ModelRunner {
 
   // Runs one step; returns logits [number of seqs with sample == true, vocab] in batch order.
   const std::vector<float>& run(const ScheduledBatch& batch);
+  // Wall seconds of the last run()'s batch preparation (the rest of run() is the forward).
+  double last_prepare_seconds() const { return last_prepare_s_; }
 
  private:
   void prepare(const ScheduledBatch& batch);
@@ -31,6 +33,7 @@ class ModelRunner {
   std::vector<int64_t> slot_mapping_;
   std::vector<float> logits_;
   model::ForwardBatch fb_;
+  double last_prepare_s_ = 0.0;
 };
 
 }  // namespace fantai::engine

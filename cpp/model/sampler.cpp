@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "common/check.h"
+#include "model/sampler_reduce.h"
 
 namespace fantai::model {
 namespace {
@@ -87,14 +88,11 @@ void check_row(const SampleRow& row, int32_t vocab, size_t r) {
 
 // log(sum(exp(l))) of the raw row, stable (max subtracted, summed in double).
 double raw_log_sum_exp(const float* l, int32_t vocab, size_t r) {
-  float mx = kNegInf;
-  for (int32_t i = 0; i < vocab; ++i) mx = std::max(mx, l[i]);  // NaN never wins std::max here
-  FANTAI_REQUIRE(mx != kNegInf, "sample: row " << r << ": every logit is -inf");
-  double sum = 0.0;
-  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(l[i] - mx);
+  const reduce::MaxSumExp ms = reduce::max_sum_exp(l, vocab);  // vectorized: see sampler_reduce.h
+  FANTAI_REQUIRE(ms.max != kNegInf, "sample: row " << r << ": every logit is -inf");
   // NaN anywhere, or +inf (inf - inf), poisons the sum: report it rather than sample garbage.
-  FANTAI_CHECK(std::isfinite(sum), "sample: row " << r << ": logits contain NaN or +inf");
-  return static_cast<double>(mx) + std::log(sum);
+  FANTAI_CHECK(std::isfinite(ms.sum), "sample: row " << r << ": logits contain NaN or +inf");
+  return static_cast<double>(ms.max) + std::log(ms.sum);
 }
 
 // Top-n raw logprobs, best first. A bounded heap keeps it O(vocab log n) instead of a sort.
@@ -171,10 +169,7 @@ float raw_logit(const float* l, int32_t t, const Scratch& s) {
 }
 
 int32_t argmax(const float* l, int32_t vocab, size_t r) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < vocab; ++i) {
-    if (l[i] > l[best]) best = i;  // strict: ties keep the lowest id
-  }
+  const int32_t best = reduce::argmax(l, vocab);  // ties keep the lowest id
   FANTAI_REQUIRE(l[best] != kNegInf,
                  "sample: row " << r << ": every token is banned or has -inf logit");
   return best;

@@ -12,6 +12,7 @@
 #include "common/check.h"
 #include "engine/sampling_params.h"
 #include "model/sampler.h"
+#include "model/sampler_reduce.h"
 
 namespace {
 
@@ -552,6 +553,67 @@ TEST(SamplingParamsValidate, RejectsEachBadValueWithItsMessage) {
     EXPECT_NE(err.find(c.msg), std::string::npos) << "want '" << c.msg << "', got '" << err << "'";
   }
   EXPECT_NE(validate_error(SamplingParams{}, 0).find("vocab_size must be > 0"), std::string::npos);
+}
+
+
+// ---- vectorized row reductions vs their scalar reference ---------------------------------------
+
+std::vector<fantai::cpu::Isa> simd_levels() {
+  std::vector<fantai::cpu::Isa> out;
+  const auto top = fantai::cpu::detected_isa();
+  if (top >= fantai::cpu::Isa::kAvx2) out.push_back(fantai::cpu::Isa::kAvx2);
+  if (top >= fantai::cpu::Isa::kAvx512) out.push_back(fantai::cpu::Isa::kAvx512);
+  return out;
+}
+
+TEST(SamplerReduce, MatchesScalarOnOddLengthsTiesAndMinusInf) {
+  namespace rd = fantai::model::reduce;
+  using fantai::cpu::Isa;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  if (simd_levels().empty()) GTEST_SKIP() << "no SIMD level on this CPU";
+  for (int32_t n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 257, 49152 + 5}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      std::vector<float> l(n);
+      for (float& v : l) v = nd(gen);
+      if (variant == 1) {  // the maximum at several places, one in the scalar tail
+        const float top = 30.0f;
+        for (int32_t i : {n / 3, n / 2, n - 1}) l[i] = top;
+      }
+      if (variant == 2) {  // most tokens banned; far-below-max values underflow
+        for (int32_t i = 0; i < n; ++i) l[i] = i % 3 ? -inf : -200.0f + static_cast<float>(i % 7);
+      }
+      if (variant == 3) std::fill(l.begin(), l.end(), 1.5f);  // all tied: id 0
+      const rd::MaxSumExp want = rd::max_sum_exp_isa(Isa::kScalar, l.data(), n);
+      const int32_t want_arg = rd::argmax_isa(Isa::kScalar, l.data(), n);
+      for (Isa isa : simd_levels()) {
+        const rd::MaxSumExp got = rd::max_sum_exp_isa(isa, l.data(), n);
+        EXPECT_EQ(got.max, want.max) << "n=" << n << " variant " << variant;
+        EXPECT_NEAR(got.sum, want.sum, 2e-6 * want.sum) << "n=" << n << " variant " << variant;
+        EXPECT_EQ(rd::argmax_isa(isa, l.data(), n), want_arg) << "n=" << n << " variant " << variant;
+      }
+    }
+  }
+}
+
+TEST(SamplerReduce, NanOrPlusInfPoisonTheSumAndNanNeverWinsArgmax) {
+  namespace rd = fantai::model::reduce;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (fantai::cpu::Isa isa : simd_levels()) {
+    for (int32_t n : {40, 37}) {
+      for (int32_t at : {3, n - 1}) {  // in the vector body and in the scalar tail
+        std::vector<float> l(n, 0.0f);
+        l[5] = 2.0f;
+        l[at] = std::numeric_limits<float>::quiet_NaN();
+        EXPECT_TRUE(std::isnan(rd::max_sum_exp_isa(isa, l.data(), n).sum)) << n << " " << at;
+        EXPECT_EQ(rd::argmax_isa(isa, l.data(), n), 5);
+        l[at] = inf;
+        EXPECT_TRUE(std::isnan(rd::max_sum_exp_isa(isa, l.data(), n).sum)) << n << " " << at;
+        EXPECT_EQ(rd::argmax_isa(isa, l.data(), n), at);
+      }
+    }
+  }
 }
 
 }  // namespace

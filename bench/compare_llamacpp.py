@@ -1,0 +1,479 @@
+#!/usr/bin/env python3
+"""fantai vs llama.cpp, side by side on the same GGUF files, in one run (issue 5's comparison).
+
+Not a test: it prints figures and ratios, it asserts nothing about time.
+
+Workload: bench_offline.py's (the same generator and seed): --num-prompts requests (64) of seeded
+random token ids, prompt lengths spread evenly over 64..512 (18,432 prompt tokens), exactly
+--output-len (128) new tokens each, greedy, EOS ignored, prompts given as token ids (no tokenizer
+on either side), prefix caching off, --threads (2) threads.
+
+Systems, each in its own subprocess run one after the other (peak RSS and load time are that
+system's alone):
+  fantai            LLM(model, dtype=bfloat16, enable_prefix_caching=False), everything through the
+                    public LLM.generate loop (bench_offline.fantai_run: the same loop, with a
+                    timestamp per step).
+  llama.cpp -np N   llama-cpp-python's low-level C API (llama_decode on a llama_batch holding many
+                    sequences), run by --llama-cpp-python (a venv's python with llama-cpp-python
+                    0.3.x). The offline loop is llama-server's continuous batching: N slots
+                    (--parallel, default 16 and 64), a slot takes the next request when it frees;
+                    every step puts each generating slot's one token first, then fills the batch
+                    with prompt tokens up to n_batch (2048, server default; n_ubatch 512) — a long
+                    prompt spans steps (chunked prefill); logits only for rows that sample; greedy
+                    = argmax of those logits. Unified KV of N x (max prompt + output) cells.
+Per system and model file:
+  offline out/total tok/s   output (prompt+output) tokens over the wall time of the whole workload.
+  decode tok/s      single stream, prefill excluded: a --single-prompt-len (128) prompt, output_len+1
+                    tokens, a timestamp per generated token; output_len / (t_last - t_first).
+  tg128             llama-bench's tg: 128 tokens decoded one by one from an empty context (fantai:
+                    a 1-token prompt asked for 129 tokens, timed as decode tok/s above).
+  pp512             512 prompt tokens prefilled at once, first token sampled; 512 / time.
+  TTFT              time to the first token of a 1-output-token request on the 128-token prompt.
+  load              fantai: the LLM constructor; llama.cpp: model load + context creation.
+  peak RSS          ru_maxrss of the subprocess at its end.
+Single-stream figures are medians of --repeats.
+
+Model files: the GGUF given by --model (default: the bundled SmolLM2-135M-Instruct Q4_1), and with
+--bf16 (default on) a bf16 copy of it written by bench/make_gguf.py (cached under --cache-dir), so
+that both systems also run at equal full precision. fantai dequantizes quantized GGUFs to bf16 at
+load (until quantized kernels land), so on the Q4_1 file it is NOT at equal precision with
+llama.cpp: the table says which weights each row computed with.
+
+    .venv/bin/python bench/compare_llamacpp.py --llama-cpp-python /tmp/lcpp-venv/bin/python --json out.json
+    .venv/bin/python bench/compare_llamacpp.py --llama-cpp-python V/bin/python --num-prompts 8 --output-len 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INSTALL_HINT = ("llama.cpp rows skipped: pass --llama-cpp-python PATH, the python of a venv with "
+                "llama-cpp-python, e.g.\n    python -m venv V && V/bin/pip install llama-cpp-python   "
+                "# builds llama.cpp from source, several minutes on 2 cores\nthen --llama-cpp-python V/bin/python")
+
+
+def log(msg: str) -> None:
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------
+# fantai worker (runs in fantai's venv)
+
+
+def worker_fantai(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, HERE)
+    from bench_offline import fantai_build, fantai_run
+
+    import fantai
+    from fantai import LLM, SamplingParams
+
+    build = fantai_build()
+    t = time.perf_counter()
+    llm = LLM(args.model_path, dtype=args.fantai_dtype, threads=args.threads, seed=0,
+              enable_prefix_caching=False)
+    load_s = time.perf_counter() - t
+    log(f"fantai: loaded {os.path.basename(args.model_path)} in {load_s:.2f} s")
+
+    def sp(n: int) -> Any:
+        return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+    def timed(prompt: list[int], n: int) -> float:
+        t = time.perf_counter()
+        llm.generate([prompt], sp(n), use_tqdm=False)
+        return time.perf_counter() - t
+
+    def decode_rate(prompt: list[int], n: int) -> float:
+        stamps: list[float] = []
+        fantai_run(llm, [prompt], sp(n + 1), stamps)
+        return n / (stamps[-1] - stamps[0])
+
+    out_len = args.output_len
+    timed(wl["warmup"], 4)
+    ttft = [timed(wl["single"], 1) for _ in range(args.repeats)]
+    pp = [len(wl["pp"]) / timed(wl["pp"], 1) for _ in range(args.repeats)]
+    decode = [decode_rate(wl["single"], out_len) for _ in range(args.repeats)]
+    tg = [decode_rate(wl["single"][:1], args.tg_len) for _ in range(args.repeats)]
+    log(f"fantai: TTFT {median(ttft) * 1e3:.0f} ms, pp {median(pp):.0f} tok/s, decode {median(decode):.1f} "
+        f"tok/s, tg {median(tg):.1f} tok/s")
+
+    prompts = wl["prompts"]
+    r = fantai_run(llm, prompts, sp(out_len))
+    n_out = sum(len(x.outputs[0].token_ids) for x in r["results"])
+    assert n_out == out_len * len(prompts), n_out
+    wall = r["wall_s"]
+    n_prompt = sum(len(p) for p in prompts)
+    log(f"fantai: offline {n_out / wall:.1f} output tok/s ({r['num_steps']} steps)")
+    return {"system": "fantai", "label": f"fantai {getattr(fantai, '__version__', '')}", "build": build,
+            "compute": f"{args.fantai_dtype} (from {args.model_kind})", "load_s": load_s,
+            "ttft_s": median(ttft), "pp_tok_s": median(pp), "decode_tok_s": median(decode),
+            "tg_tok_s": median(tg), "offline_wall_s": wall, "output_tokens": n_out, "prompt_tokens": n_prompt,
+            "offline_output_tok_s": n_out / wall, "offline_total_tok_s": (n_prompt + n_out) / wall,
+            "num_steps": r["num_steps"], "peak_rss": peak_rss_bytes(),
+            "all": {"ttft_s": ttft, "pp_tok_s": pp, "decode_tok_s": decode, "tg_tok_s": tg}}
+
+
+# ----------------------------------------------------------------------------------------------
+# llama.cpp worker (runs in the llama-cpp-python venv: imports only llama_cpp, numpy and stdlib)
+
+
+class LlamaCpp:
+    """A model + one context with `n_seq` sequences over a unified KV of `n_ctx` cells."""
+
+    def __init__(self, path: str, n_ctx: int, n_seq: int, threads: int, n_batch: int, n_ubatch: int) -> None:
+        import ctypes
+
+        import llama_cpp as L
+        import numpy as np
+
+        self.L, self.np, self.ctypes = L, np, ctypes
+        L.llama_backend_init()
+        self._quiet = L.llama_log_callback(lambda level, text, user: None)  # keep a reference
+        L.llama_log_set(self._quiet, ctypes.c_void_p())
+        t = time.perf_counter()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, n_ubatch, n_seq
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.kv_unified = True
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        self.load_s = time.perf_counter() - t
+        self.flash_attn_type = int(cp.flash_attn_type)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.n_batch = n_batch
+        self.batch = L.llama_batch_init(n_batch, 0, n_seq)
+        self.mem = L.llama_get_memory(self.ctx)
+
+    def clear(self) -> None:
+        self.L.llama_memory_clear(self.mem, True)
+
+    def drop(self, seq: int) -> None:
+        self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def decode(self, rows: list[tuple[int, int, int, bool]]) -> None:
+        """rows: (token, position, sequence, wants logits)."""
+        b = self.batch
+        for i, (tok, pos, seq, logits) in enumerate(rows):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, logits
+            b.seq_id[i][0] = seq
+        b.n_tokens = len(rows)
+        rc = self.L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def argmax(self, row: int) -> int:
+        ptr = self.L.llama_get_logits_ith(self.ctx, row)
+        return int(self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
+
+    def prefill(self, tokens: list[int], seq: int = 0, start: int = 0) -> int:
+        """Whole prompt in n_batch chunks; returns the greedy next token."""
+        for c in range(0, len(tokens), self.n_batch):
+            chunk = tokens[c:c + self.n_batch]
+            last = c + len(chunk) == len(tokens)
+            self.decode([(t, start + c + j, seq, last and j == len(chunk) - 1) for j, t in enumerate(chunk)])
+        return self.argmax(len(tokens) - 1 - (len(tokens) - 1) // self.n_batch * self.n_batch)
+
+    def stream(self, prompt: list[int], n: int, stamps: list[float]) -> list[int]:
+        """Single sequence: n greedy tokens, a timestamp at each."""
+        self.clear()
+        tok = self.prefill(prompt)
+        stamps.append(time.perf_counter())
+        out = [tok]
+        for i in range(n - 1):
+            self.decode([(tok, len(prompt) + i, 0, True)])
+            tok = self.argmax(0)
+            stamps.append(time.perf_counter())
+            out.append(tok)
+        return out
+
+    def serve(self, prompts: list[list[int]], out_len: int, n_slots: int) -> int:
+        """llama-server's continuous batching over n_slots slots; returns the steps taken."""
+        self.clear()
+        pending = list(range(len(prompts)))[::-1]  # pop() takes the next request in order
+        slots: list[dict[str, Any] | None] = [None] * n_slots
+        steps = 0
+        while pending or any(s is not None for s in slots):
+            for k in range(n_slots):
+                if slots[k] is None and pending:
+                    r = pending.pop()
+                    slots[k] = {"prompt": prompts[r], "done": 0, "out": []}
+            rows: list[tuple[int, int, int, bool]] = []
+            samplers: list[tuple[int, int]] = []  # (slot, batch row)
+            for k, s in enumerate(slots):  # generating slots first: one token each
+                if s is not None and s["done"] == len(s["prompt"]):
+                    samplers.append((k, len(rows)))
+                    rows.append((s["out"][-1], len(s["prompt"]) + len(s["out"]) - 1, k, True))
+            for k, s in enumerate(slots):  # then prompt tokens up to n_batch
+                if s is None or s["done"] == len(s["prompt"]) or len(rows) >= self.n_batch:
+                    continue
+                take = min(len(s["prompt"]) - s["done"], self.n_batch - len(rows))
+                for j in range(s["done"], s["done"] + take):
+                    rows.append((s["prompt"][j], j, k, j == len(s["prompt"]) - 1))
+                s["done"] += take
+                if s["done"] == len(s["prompt"]):
+                    samplers.append((k, len(rows) - 1))
+            self.decode(rows)
+            steps += 1
+            for k, row in samplers:
+                s = slots[k]
+                assert s is not None
+                s["out"].append(self.argmax(row))
+                if len(s["out"]) == out_len:
+                    self.drop(k)
+                    slots[k] = None
+        return steps
+
+
+def worker_llamacpp(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, Any]:
+    import llama_cpp
+
+    prompts = wl["prompts"]
+    out_len = args.output_len
+    longest = max(max(len(p) for p in prompts), len(wl["pp"]), len(wl["single"]) + out_len + 1,
+                  args.tg_len + 1)
+    n_ctx = args.parallel * (max(len(p) for p in prompts) + out_len)
+    n_ctx = max(n_ctx, longest + out_len)
+    lc = LlamaCpp(args.model_path, n_ctx, args.parallel, args.threads, n_batch=2048, n_ubatch=512)
+    log(f"llama.cpp -np {args.parallel}: loaded in {lc.load_s:.2f} s (n_ctx {n_ctx})")
+
+    lc.stream(wl["warmup"], 4, [])
+    ttft, pp, decode, tg = [], [], [], []
+    for _ in range(args.repeats):
+        lc.clear()
+        t = time.perf_counter()
+        lc.prefill(wl["single"])
+        ttft.append(time.perf_counter() - t)
+        lc.clear()
+        t = time.perf_counter()
+        lc.prefill(wl["pp"])
+        pp.append(len(wl["pp"]) / (time.perf_counter() - t))
+        stamps: list[float] = []
+        lc.stream(wl["single"], out_len + 1, stamps)
+        decode.append(out_len / (stamps[-1] - stamps[0]))
+        stamps = []
+        lc.stream(wl["single"][:1], args.tg_len + 1, stamps)
+        tg.append(args.tg_len / (stamps[-1] - stamps[0]))
+    log(f"llama.cpp -np {args.parallel}: TTFT {median(ttft) * 1e3:.0f} ms, pp {median(pp):.0f} tok/s, "
+        f"decode {median(decode):.1f} tok/s, tg {median(tg):.1f} tok/s")
+
+    t = time.perf_counter()
+    steps = lc.serve(prompts, out_len, args.parallel)
+    wall = time.perf_counter() - t
+    n_out = out_len * len(prompts)
+    n_prompt = sum(len(p) for p in prompts)
+    log(f"llama.cpp -np {args.parallel}: offline {n_out / wall:.1f} output tok/s ({steps} steps)")
+    return {"system": "llama.cpp", "label": f"llama.cpp (llama-cpp-python {llama_cpp.__version__}) -np {args.parallel}",
+            "compute": args.model_kind, "parallel": args.parallel, "n_ctx": n_ctx,
+            "flash_attn_type": lc.flash_attn_type, "load_s": lc.load_s,
+            "ttft_s": median(ttft), "pp_tok_s": median(pp), "decode_tok_s": median(decode), "tg_tok_s": median(tg),
+            "offline_wall_s": wall, "output_tokens": n_out, "prompt_tokens": n_prompt,
+            "offline_output_tok_s": n_out / wall, "offline_total_tok_s": (n_prompt + n_out) / wall,
+            "num_steps": steps, "peak_rss": peak_rss_bytes(),
+            "all": {"ttft_s": ttft, "pp_tok_s": pp, "decode_tok_s": decode, "tg_tok_s": tg}}
+
+
+# ----------------------------------------------------------------------------------------------
+# Parent
+
+
+def model_kind(path: str) -> str:
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    types = Counter(t.tensor_type.name for t in GGUFReader(path).tensors if len(t.shape) > 1)
+    return "/".join(name for name, _ in types.most_common())
+
+
+def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path: str) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as out:
+        out_path = out.name
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(args.threads)
+    cmd = [python, os.path.abspath(__file__), "--_workload", wl_path, "--_out", out_path,
+           "--threads", str(args.threads), "--output-len", str(args.output_len), "--repeats", str(args.repeats),
+           "--tg-len", str(args.tg_len), *extra]
+    load_start = os.getloadavg()[0]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=sys.stderr)
+    try:
+        if proc.returncode != 0:
+            return {"error": f"worker exited {proc.returncode}", "cmd": " ".join(extra)}
+        with open(out_path) as f:
+            res = json.load(f)
+        res["worker_wall_s"] = time.perf_counter() - t
+        res["loadavg_start"], res["loadavg_end"] = load_start, os.getloadavg()[0]
+        return res
+    finally:
+        os.unlink(out_path)
+
+
+def fmt(x: Any, spec: str) -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "–"
+    return format(x, spec)
+
+
+COLUMNS = [("offline output tok/s", "offline_output_tok_s", ".1f", 1), ("offline total tok/s", "offline_total_tok_s",
+           ".0f", 1), ("single-stream decode tok/s", "decode_tok_s", ".1f", 1), ("tg128 tok/s", "tg_tok_s", ".1f", 1),
+           ("pp512 tok/s", "pp_tok_s", ".0f", 1), ("TTFT ms", "ttft_s", ".0f", 1e3), ("load s", "load_s", ".2f", 1),
+           ("peak RSS GB", "peak_rss", ".2f", 1e-9)]
+
+
+def table(groups: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    lines = ["| model file | system | weights computed | " + " | ".join(c[0] for c in COLUMNS) + " | loadavg |",
+             "|" + "---|" * (len(COLUMNS) + 4)]
+    for fname, rows in groups:
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {fname} | {r['cmd']} | failed: {r['error']} |" + " |" * len(COLUMNS))
+                continue
+            cells = [fmt(r.get(key) * scale if r.get(key) is not None else None, spec) for _, key, spec, scale in COLUMNS]
+            lines.append(f"| {fname} | {r['label']} | {r['compute']} | " + " | ".join(cells)
+                         + f" | {fmt(r['loadavg_start'], '.1f')}→{fmt(r['loadavg_end'], '.1f')} |")
+        f = next((r for r in rows if r.get("system") == "fantai"), None)
+        for r in rows:
+            if f is None or r.get("system") != "llama.cpp":
+                continue
+            cells = [f"{f[key] / r[key]:.2f}x" if r.get(key) else "–" for _, key, _, _ in COLUMNS]
+            lines.append(f"| {fname} | **fantai / llama.cpp -np {r['parallel']}** | | " + " | ".join(cells) + " | |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="GGUF file (default: the bundled SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run a bf16 copy of --model (written by bench/make_gguf.py)")
+    p.add_argument("--only-bf16", action="store_true", help="run only the bf16 copy")
+    p.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fantai-bench"))
+    p.add_argument("--llama-cpp-python", default=None, help="python of a venv with llama-cpp-python")
+    p.add_argument("--parallel", default="16,64", help="llama.cpp slot counts (comma-separated)")
+    p.add_argument("--fantai-dtype", default="bfloat16")
+    p.add_argument("--skip-fantai", action="store_true")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--min-prompt", type=int, default=64)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--single-prompt-len", type=int, default=128)
+    p.add_argument("--pp-len", type=int, default=512)
+    p.add_argument("--tg-len", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    for hidden in ("--_worker", "--_workload", "--_out", "--model-path", "--model-kind"):
+        p.add_argument(hidden, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_parallel", type=int, default=16, dest="parallel_one", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args._worker:
+        with open(args._workload) as f:
+            wl = json.load(f)
+        args.parallel = args.parallel_one
+        res = worker_fantai(args, wl) if args._worker == "fantai" else worker_llamacpp(args, wl)
+        with open(args._out, "w") as f:
+            json.dump(res, f)
+        return 0
+
+    sys.path.insert(0, HERE)
+    import random
+
+    from bench_offline import make_workload
+
+    if args.model is None:
+        from fantai.model_files import default_model_path
+
+        args.model = default_model_path()
+    wl = make_workload(args)
+    rng = random.Random(args.seed + 1)
+    allowed = sorted({t for p in wl["prompts"] for t in p})
+    wl["pp"] = [rng.choice(allowed) for _ in range(args.pp_len)]
+    n_prompt = sum(len(p) for p in wl["prompts"])
+
+    files = [] if args.only_bf16 else [args.model]
+    if args.bf16 or args.only_bf16:
+        from make_gguf import convert
+
+        os.makedirs(args.cache_dir, exist_ok=True)
+        bf16 = os.path.join(args.cache_dir, os.path.splitext(os.path.basename(args.model))[0] + ".bf16.gguf")
+        if not os.path.exists(bf16) or os.path.getmtime(bf16) < os.path.getmtime(args.model):
+            log(f"writing {bf16}")
+            convert(args.model, bf16 + ".part", "bf16")
+            os.replace(bf16 + ".part", bf16)
+        files.append(bf16)
+    lcpp = args.llama_cpp_python
+    if lcpp and not os.access(lcpp, os.X_OK):
+        log(f"--llama-cpp-python {lcpp} is not an executable")
+        lcpp = None
+    if lcpp is None:
+        log(INSTALL_HINT)
+    log(f"workload: {args.num_prompts} prompts, {n_prompt} prompt tokens, {args.output_len} output tokens each, "
+        f"threads {args.threads}")
+
+    groups: list[tuple[str, list[dict[str, Any]]]] = []
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(wl, f)
+        wl_path = f.name
+    try:
+        for path in files:
+            kind = model_kind(path)
+            common = ["--model-path", path, "--model-kind", kind]
+            rows: list[dict[str, Any]] = []
+            groups.append((f"{os.path.basename(path)}", rows))
+            if not args.skip_fantai:
+                log(f"fantai on {os.path.basename(path)}")
+                rows.append(run_worker(args, sys.executable, ["--_worker", "fantai", "--fantai-dtype",
+                                                              args.fantai_dtype, *common], wl_path))
+            if lcpp:
+                for n in (int(x) for x in args.parallel.split(",") if x.strip()):
+                    log(f"llama.cpp -np {n} on {os.path.basename(path)}")
+                    rows.append(run_worker(args, lcpp, ["--_worker", "llamacpp", "--_parallel", str(n), *common],
+                                           wl_path))
+            print(table(groups), file=sys.stderr, flush=True)
+            if args.json:
+                with open(args.json, "w") as jf:
+                    json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                               "results": dict(groups)}, jf, indent=2)
+    finally:
+        os.unlink(wl_path)
+
+    print(f"\nSmolLM2-135M-Instruct, {args.threads} threads, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f}: {args.num_prompts} requests, prompts {args.min_prompt}-{args.max_prompt} "
+          f"tokens ({n_prompt} in all), {args.output_len} output tokens each, EOS ignored, greedy, prefix caching "
+          f"off; single stream medians of {args.repeats}\n")
+    print(table(groups))
+    return 0 if all("error" not in r for _, rows in groups for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -498,6 +498,33 @@ double par_best(int T, int reps, const std::function<void(int)>& fn) {
   return best;
 }
 
+// The same bf16 linear packed by the backend (AMX tiles where usable: FANTAI_AMX=0 or no AMX
+// prints nothing), with its share of the tdpbf16ps peak of this many threads.
+void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
+  if (b.dense_packed_bytes(DType::kBF16, n, k) == 0) return;
+  static double peak = 0;  // GFLOP/s, measured once
+  if (peak == 0 && amx_usable()) {
+    const long iters = 500000;
+    const double s = par_best(b.num_threads(), 3, [&](int) { amx_chain(iters, false); });
+    peak = b.num_threads() * iters * 4.0 * 16 * 16 * 32 * 2 / s * 1e-9;
+  }
+  auto x = randn(m * k, 1), wf = randn(n * k, 2);
+  std::vector<uint16_t> wh(wf.size());
+  convert_from_f32(wf.data(), wh.data(), DType::kBF16, wf.size());
+  std::vector<uint8_t> packed(b.dense_packed_bytes(DType::kBF16, n, k));
+  b.pack_dense(wh.data(), DType::kBF16, n, k, packed.data());
+  std::vector<float> y(m * n);
+  const double us = time_us([&] { b.linear_packed(x.data(), packed.data(), DType::kBF16, nullptr, y.data(), m, n, k); });
+  char name[96];
+  std::snprintf(name, sizeof(name), "linear amx   m=%-4lld n=%-6lld k=%lld", static_cast<long long>(m),
+                static_cast<long long>(n), static_cast<long long>(k));
+  const double flops = 2.0 * m * n * k;
+  report(name, us, flops, static_cast<double>(packed.size()) + 4.0 * (m * k + m * n));
+  // Each output needs two tile products (hi and lo halves of x): the useful rate is half the issued one.
+  if (peak > 0) std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (2 products per MAC)\n", "",
+                            100.0 * 2 * flops / us * 1e-3 / peak, peak);
+}
+
 void probes(int T) {
   if (cpu::detected_isa() < cpu::Isa::kAvx512) { std::printf("probe: needs AVX-512\n"); return; }
   volatile float sink = 0;
@@ -554,6 +581,7 @@ double dram_bandwidth_gbs(int T) {
 }
 #else
 void probes(int) { std::printf("probe: x86-64 GCC only\n"); }
+void bench_linear_amx(Backend&, int64_t, int64_t, int64_t) {}
 double dram_bandwidth_gbs(int) { return 0; }
 #endif
 
@@ -606,7 +634,10 @@ int main(int argc, char** argv) {
   }
   if (want("linear")) {
     for (DType wt : {DType::kBF16, DType::kF32}) {
-      for (int64_t m : {1, 16, 64, 256}) bench_linear(*b, m, 1536, 576, wt);
+      for (int64_t m : {1, 16, 64, 256}) {
+        bench_linear(*b, m, 1536, 576, wt);
+        if (wt == DType::kBF16) bench_linear_amx(*b, m, 1536, 576);
+      }
       bench_linear(*b, 1, 576, 1536, wt);
       for (int64_t m : {1, 16}) bench_linear(*b, m, 49152, 576, wt);
     }

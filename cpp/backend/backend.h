@@ -179,6 +179,16 @@ class Backend {
   // out[i, :] = dequantized row ids[i] of `table` (original column order), [n, table.cols].
   virtual void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out);
 
+  // Dense matrices in a backend-owned layout (the CPU backend: AMX tiles for bf16). When
+  // dense_packed_bytes is 0 the backend keeps `dt` matrices row-major for linear() (the default)
+  // and the other two are never called. pack_dense copies w [n, k] into dst (that many bytes of
+  // this backend's memory); linear_packed is linear() on the packed copy, y row stride n. A
+  // matrix packed once is run packed for every m, so a row's result never depends on the batch.
+  virtual size_t dense_packed_bytes(DType dt, int64_t n, int64_t k) const;
+  virtual void pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst);
+  virtual void linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y,
+                             int64_t m, int64_t n, int64_t k);
+
   Communicator& communicator() { return *comm_; }
   void set_communicator(std::shared_ptr<Communicator> comm) { comm_ = std::move(comm); }
 

@@ -54,6 +54,13 @@ QuantMatrix Backend::pack_quant(const QuantMatrix&, void*) {
 void Backend::linear_q(const float*, const QuantMatrix&, const float*, float*, int64_t, int64_t) {
   FANTAI_THROW("quantized linear is not supported on the " << name() << " backend");
 }
+size_t Backend::dense_packed_bytes(DType, int64_t, int64_t) const { return 0; }
+void Backend::pack_dense(const void*, DType, int64_t, int64_t, void*) {
+  FANTAI_THROW("packed dense weights are not supported on the " << name() << " backend");
+}
+void Backend::linear_packed(const float*, const void*, DType, const float*, float*, int64_t, int64_t, int64_t) {
+  FANTAI_THROW("packed dense weights are not supported on the " << name() << " backend");
+}
 void Backend::embedding_q(const int32_t*, int64_t, const QuantMatrix&, float*) {
   FANTAI_THROW("quantized embedding is not supported on the " << name() << " backend");
 }

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/kernels_amx.h"
 #include "cpu/qkernels.h"
 #include "cpu/thread_pool.h"
 
@@ -51,8 +52,14 @@ class CpuBackend final : public Backend {
       panel_fn_ = avx512_vnni_linear_panel();
       panel_ = !(qk && !std::strcmp(qk, "f32"));
     }
+    // AMX only on top of AVX-512 (the activation split uses it); FANTAI_AMX=0 turns it off (A/B).
+    const char* amx = std::getenv("FANTAI_AMX");
+    FANTAI_REQUIRE(!amx || !*amx || !std::strcmp(amx, "0") || !std::strcmp(amx, "1"),
+                   "FANTAI_AMX='" << amx << "' not understood (0|1)");
+    amx_ = isa == Isa::kAvx512 && !(amx && !std::strcmp(amx, "0")) && amx_usable();
     FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size()
-                                           << " quantized kernels=" << (panel_ ? "vnni" : "f32"));
+                                           << " quantized kernels=" << (panel_ ? "vnni" : "f32")
+                                           << " amx=" << (amx_ ? "on" : "off"));
   }
 
   std::string name() const override { return "cpu"; }
@@ -121,6 +128,43 @@ class CpuBackend final : public Backend {
       const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
       const int64_t j0 = cb * col_chunk, j1 = std::min(n, j0 + col_chunk);
       fn(x + r0 * k, w, w_dtype, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
+    });
+  }
+
+  size_t dense_packed_bytes(DType dt, int64_t n, int64_t k) const override {
+    return amx_ && dt == DType::kBF16 && n > 0 && k > 0 ? amx_packed_bytes(n, k) : 0;
+  }
+  void pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst) override {
+    FANTAI_REQUIRE(dense_packed_bytes(dt, n, k) > 0, "pack_dense: no packed layout for " << dtype_name(dt)
+                                                       << " [" << n << ", " << k << "] on this cpu backend");
+    amx_pack_bf16(static_cast<const uint16_t*>(w), n, k, dst);
+  }
+
+  // AMX: x split into bf16 hi/lo rows once per call (per row, so batch invariant), then 64-row
+  // blocks x column chunks of 4-block groups over the pool; each task sets up and releases the
+  // tiles of its thread.
+  void linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y, int64_t m,
+                     int64_t n, int64_t k) override {
+    FANTAI_REQUIRE(m >= 0 && n > 0 && k > 0, "linear_packed: bad shape m=" << m << " n=" << n << " k=" << k);
+    FANTAI_REQUIRE(amx_ && dt == DType::kBF16, "linear_packed: matrix was not packed by this cpu backend");
+    if (m == 0) return;
+    const int64_t kp = amx_k_pad(k), mp = amx_m_pad(m);
+    std::vector<uint16_t> hi(static_cast<size_t>(mp * kp)), lo(hi.size());
+    const int64_t row_block = 64, row_blocks = ceil_div(m, row_block);
+    pool_.parallel_for(m * k < kParallelMinWork ? 1 : row_blocks, [&](int64_t t, int) {
+      const bool all = m * k < kParallelMinWork;
+      const int64_t r0 = all ? 0 : t * row_block, r1 = all ? m : std::min(m, r0 + row_block);
+      amx_split_rows(x, k, r0, r1, std::min(mp, amx_m_pad(r1)), hi.data(), lo.data());
+    });
+    const int64_t blocks = ceil_div(n, 16), groups = ceil_div(blocks, 4);
+    const int T = pool_.size();
+    const int64_t want = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
+    const int64_t chunk = std::max<int64_t>(1, ceil_div(groups, want)) * 4;  // blocks per task
+    const int64_t chunks = ceil_div(blocks, chunk);
+    pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {
+      const int64_t rb = t / chunks, cb = t % chunks;
+      amx_linear_bf16(hi.data(), lo.data(), m, k, packed, n, bias, y, n, rb * row_block, (rb + 1) * row_block,
+                      cb * chunk, (cb + 1) * chunk);
     });
   }
 
@@ -337,6 +381,7 @@ class CpuBackend final : public Backend {
   // unless FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
   LinearPanelFn panel_fn_ = nullptr;
   bool panel_ = false;
+  bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
   ThreadPool pool_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths

@@ -66,10 +66,11 @@ void Model::ensure_workspace(int32_t n) {
 }
 
 void Model::linear(const float* x, const void* dense, const QuantParts& parts, const float* bias,
-                   float* y, int64_t m, int64_t n, int64_t k) {
+                   float* y, int64_t m, int64_t n, int64_t k, bool packed) {
   Backend* be = backend_.get();
   // Rows that came dense (all of them for an unquantized model: the path of old, bit for bit).
-  if (dense) be->linear(x, dense, dtype_, bias, y, m, n, k);
+  if (dense && packed) be->linear_packed(x, dense, dtype_, bias, y, m, n, k);
+  else if (dense) be->linear(x, dense, dtype_, bias, y, m, n, k);
   for (const QuantPart& p : parts)
     be->linear_q(x, p.w, bias ? bias + p.row0 : nullptr, y + p.row0, m, n);
 }
@@ -81,7 +82,7 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   const int64_t n = b.num_tokens, qkv_dim = c.q_dim() + 2 * c.kv_dim();
   float* qkv = qkv_.as<float>();
   linear(normed_.as<float>(), L.qkv.data(), L.qkv_q, L.qkv_bias.as<float>(), qkv, n, qkv_dim,
-         c.hidden_size);
+         c.hidden_size, L.packed);
   float* q = qkv;
   float* k = qkv + c.q_dim();
   float* v = k + c.kv_dim();
@@ -92,7 +93,7 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(), b.attn, c.num_heads,
                 scale, attn_out_.as<float>());
   linear(attn_out_.as<float>(), L.o.data(), L.o_q, L.o_bias.as<float>(), proj_out_.as<float>(), n,
-         c.hidden_size, c.q_dim());
+         c.hidden_size, c.q_dim(), L.packed);
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
 
@@ -102,10 +103,10 @@ void Model::mlp_block(int layer, int32_t n) {
   Backend* be = backend_.get();
   const int64_t inter = c.intermediate_size;
   linear(normed_.as<float>(), L.gate_up.data(), L.gate_up_q, nullptr, gate_up_.as<float>(), n,
-         2 * inter, c.hidden_size);
+         2 * inter, c.hidden_size, L.packed);
   be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
   linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n,
-         c.hidden_size, inter);
+         c.hidden_size, inter, L.packed);
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
 

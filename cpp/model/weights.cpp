@@ -231,6 +231,29 @@ void Weights::finalize() {
   if (!lm_head_.data() && lm_head_q_.empty() && !config_.tie_word_embeddings) {
     FANTAI_LOG(kInfo, "no lm_head.weight in the checkpoint: tying it to the embedding");
   }
+  pack_layers();
+}
+
+// The layer matrices move into the backend's packed layout when it has one for this dtype; each
+// row-major original is freed as soon as its copy exists, so the weights never sit in memory
+// twice. The embedding (and a tied lm_head) stay row-major: embedding() reads rows of them.
+void Weights::pack_layers() {
+  const ModelConfig& c = config_;
+  for (LayerWeights& L : layers_) {
+    if (L.packed || !L.qkv_q.empty() || !L.o_q.empty() || !L.gate_up_q.empty() || !L.down_q.empty()) continue;
+    const int64_t H = c.hidden_size, qkv = c.q_dim() + 2 * c.kv_dim(), inter = c.intermediate_size;
+    const struct { Buffer* b; int64_t n, k; } mats[] = {
+        {&L.qkv, qkv, H}, {&L.o, H, c.q_dim()}, {&L.gate_up, 2 * inter, H}, {&L.down, H, inter}};
+    bool all = true;
+    for (const auto& mt : mats) all = all && backend_->dense_packed_bytes(dtype_, mt.n, mt.k) > 0;
+    if (!all) return;  // the same for every layer
+    for (const auto& mt : mats) {
+      Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, mt.n, mt.k), false);
+      backend_->pack_dense(mt.b->data(), dtype_, mt.n, mt.k, packed.data());
+      *mt.b = std::move(packed);
+    }
+    L.packed = true;
+  }
 }
 
 // Tied unless the checkpoint gave an lm_head of its own (dense or quantized).

@@ -56,6 +56,9 @@ struct LayerWeights {
   // Quantized row ranges of the same matrices; a dense buffer above exists only when some part
   // of it came dense (its rows under a quantized part are zero and get overwritten).
   QuantParts qkv_q, o_q, gate_up_q, down_q;
+  // qkv/o/gate_up/down hold the backend's packed dense layout (Backend::pack_dense) instead of
+  // row-major; set by Weights::finalize for layers with no quantized part.
+  bool packed = false;
 };
 
 // How a linear is split across tensor-parallel ranks: column-parallel splits output rows
@@ -102,6 +105,7 @@ class Weights {
   Slot resolve(const std::string& name);
   void add_quant_part(const Slot& s, const std::string& name, const QuantMatrix& canonical,
                       const std::string& format);
+  void pack_layers();
   void copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols, const void* src,
                  DType src_dtype, DType dst_dtype);
 

@@ -1,0 +1,36 @@
+// cpu: dense bf16 linear on AMX tiles (tdpbf16ps). Used only where amx_usable() holds; the
+// backend then packs every layer matrix once at load and runs it here for every m (decode
+// included), so a row never switches between this path and the AVX-512 one (batch invariance).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fantai::cpu {
+
+// CPUID AMX-TILE + AMX-BF16 + AVX512-BF16, and Linux granted this process the tile state
+// (arch_prctl ARCH_REQ_XCOMP_PERM). Probed once; false on non-x86 builds.
+bool amx_usable();
+
+// Packed layout of a bf16 [n, k] matrix: 16-column blocks, each ceil(k/32) consecutive 1 KiB
+// tiles; tile row p holds k pairs (2p, 2p+1) of the block's 16 columns interleaved (VNNI),
+// zero padded past n and k.
+inline int64_t amx_k_pad(int64_t k) { return (k + 31) / 32 * 32; }
+inline int64_t amx_m_pad(int64_t m) { return (m + 15) / 16 * 16; }
+size_t amx_packed_bytes(int64_t n, int64_t k);
+void amx_pack_bf16(const uint16_t* w, int64_t n, int64_t k, void* dst);
+
+// Rows [r0, r1) of x [m, k] f32 into hi = bf16(x) and lo = bf16(x - hi), [*, amx_k_pad(k)]
+// row-major with zero padding; rows in [r1, r_pad) are zeroed (the tail of a 16-row tile).
+void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r_pad, uint16_t* hi,
+                    uint16_t* lo);
+
+// y[r, j] = hi[r].w[j] + lo[r].w[j] (+ bias[j]) for r in [r0, min(r1, m)), r0 a multiple of 16,
+// and j in the 16-column blocks [b0, b1) (clipped to n). Per element the k tiles are visited in
+// order, hi then lo, whatever m, r0 or the block range: rows are independent in a tile product.
+// Configures the tiles on the calling thread and releases them before returning.
+void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed,
+                     int64_t n, const float* bias, float* y, int64_t ldy, int64_t r0, int64_t r1, int64_t b0,
+                     int64_t b1);
+
+}  // namespace fantai::cpu

@@ -1,0 +1,124 @@
+// tests: the AMX bf16 dense linear (cpu/kernels_amx.cpp) through the CPU backend's packed-dense
+// hooks, against the double-accumulating reference, and its bitwise batch/thread invariance.
+// Skips where the CPU or kernel offers no AMX.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/types.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "cpu/kernels_amx.h"
+
+namespace fantai::cpu {
+namespace {
+
+std::shared_ptr<Backend> amx_backend(int threads) {
+  if (detected_isa() < Isa::kAvx512 || !amx_usable()) return nullptr;
+  auto be = make_cpu_backend(Isa::kAvx512, threads);
+  return be->dense_packed_bytes(DType::kBF16, 16, 32) > 0 ? be : nullptr;
+}
+
+#define SKIP_WITHOUT_AMX(be)                                                                      \
+  if (!(be)) GTEST_SKIP() << "AMX not usable here (no AMX-TILE/AMX-BF16/AVX512-BF16 in CPUID, " \
+                             "no kernel permission for tile data, or FANTAI_AMX=0)"
+
+struct Problem {
+  int64_t m, n, k;
+  std::vector<float> x, bias;
+  std::vector<uint16_t> w;  // bf16 [n, k]
+  Problem(int64_t m_, int64_t n_, int64_t k_, uint32_t seed) : m(m_), n(n_), k(k_) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> d(0.f, 1.f);
+    x.resize(m * k);
+    for (auto& v : x) v = d(g);
+    bias.resize(n);
+    for (auto& v : bias) v = d(g);
+    w.resize(n * k);
+    for (auto& v : w) v = f32_to_bf16(0.05f * d(g));
+  }
+};
+
+std::vector<uint8_t> pack(Backend& be, const Problem& p) {
+  std::vector<uint8_t> packed(be.dense_packed_bytes(DType::kBF16, p.n, p.k));
+  be.pack_dense(p.w.data(), DType::kBF16, p.n, p.k, packed.data());
+  return packed;
+}
+
+TEST(Amx, LinearMatchesReferenceOnOddShapes) {
+  auto be = amx_backend(2);
+  SKIP_WITHOUT_AMX(be);
+  for (int64_t m : {1, 3, 17, 64, 200})
+    for (int64_t k : {64, 576, 100})
+      for (int64_t n : {16, 17, 1536}) {
+        Problem p(m, n, k, static_cast<uint32_t>(m * 7919 + n * 31 + k));
+        const auto packed = pack(*be, p);
+        std::vector<float> got(m * n, NAN), want(m * n);
+        be->linear_packed(p.x.data(), packed.data(), DType::kBF16, p.bias.data(), got.data(), m, n, k);
+        ref::linear(p.x.data(), p.w.data(), DType::kBF16, p.bias.data(), want.data(), m, n, k);
+        // x = hi + lo in bf16 leaves |x| * 2^-17 (hi: 2^-9, lo: 2^-9 of that); f32 accumulation
+        // over k terms adds up to k * 2^-24 of sum |x w|. Dropping lo would miss by ~2^-9.
+        const float rel = std::ldexp(1.f, -16) + static_cast<float>(k) * std::ldexp(1.f, -24);
+        int bad = 0;
+        for (int64_t r = 0; r < m && bad < 5; ++r)
+          for (int64_t j = 0; j < n && bad < 5; ++j) {
+            double mag = 0;
+            for (int64_t i = 0; i < k; ++i)
+              mag += std::fabs(p.x[r * k + i] * static_cast<double>(bf16_to_f32(p.w[j * k + i])));
+            const double err = std::fabs(static_cast<double>(got[r * n + j]) - want[r * n + j]);
+            if (!(err <= rel * mag + 1e-6)) {
+              ADD_FAILURE() << "m=" << m << " n=" << n << " k=" << k << " y[" << r << "," << j << "] got "
+                            << got[r * n + j] << " want " << want[r * n + j] << " bound " << rel * mag;
+              ++bad;
+            }
+          }
+      }
+}
+
+// A row's bits depend on nothing but that row: not m, not its position in a 16-row tile, not the
+// thread split (the engine's batch invariance rests on it).
+TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
+  auto be1 = amx_backend(1), be2 = amx_backend(2);
+  SKIP_WITHOUT_AMX(be2);
+  for (int64_t k : {576, 100}) {
+    const int64_t n = 1536 + 17, big = 200;
+    Problem p(big, n, k, 99 + static_cast<uint32_t>(k));
+    const auto packed = pack(*be2, p);
+    std::vector<float> all1(big * n), all2(big * n);
+    be1->linear_packed(p.x.data(), packed.data(), DType::kBF16, p.bias.data(), all1.data(), big, n, k);
+    be2->linear_packed(p.x.data(), packed.data(), DType::kBF16, p.bias.data(), all2.data(), big, n, k);
+    ASSERT_EQ(0, std::memcmp(all1.data(), all2.data(), all1.size() * 4)) << "1 vs 2 threads, k=" << k;
+    for (int64_t m : {1, 7, 16, 33, 200}) {
+      // The last m rows, so each lands at a different offset in its 16-row tile than in `all`.
+      const int64_t r0 = big - m;
+      std::vector<float> y(m * n);
+      be2->linear_packed(p.x.data() + r0 * k, packed.data(), DType::kBF16, p.bias.data(), y.data(), m, n, k);
+      EXPECT_EQ(0, std::memcmp(y.data(), all2.data() + r0 * n, y.size() * 4)) << "m=" << m << " k=" << k;
+    }
+  }
+}
+
+TEST(Amx, DisabledByEnvKeepsRowMajorPath) {
+  if (detected_isa() < Isa::kAvx512 || !amx_usable()) GTEST_SKIP() << "AMX not usable here";
+  const char* old = std::getenv("FANTAI_AMX");
+  const std::string saved = old ? old : "";
+  setenv("FANTAI_AMX", "0", 1);
+  auto be = make_cpu_backend(Isa::kAvx512, 1);
+  EXPECT_EQ(0u, be->dense_packed_bytes(DType::kBF16, 64, 64));
+  setenv("FANTAI_AMX", "1", 1);
+  EXPECT_GT(make_cpu_backend(Isa::kAvx512, 1)->dense_packed_bytes(DType::kBF16, 64, 64), 0u);
+  EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx512, 1)->dense_packed_bytes(DType::kF32, 64, 64));
+  EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 64, 64));
+  setenv("FANTAI_AMX", "yes", 1);
+  EXPECT_THROW(make_cpu_backend(Isa::kAvx512, 1), std::exception);
+  if (old) setenv("FANTAI_AMX", saved.c_str(), 1);
+  else unsetenv("FANTAI_AMX");
+}
+
+}  // namespace
+}  // namespace fantai::cpu

@@ -48,7 +48,11 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
   const size_t per_block = model::KVCache::bytes_per_block(mc, config_.block_size, kv_dtype);
   int32_t num_blocks = config_.num_blocks;
   if (num_blocks <= 0) {
-    const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes : default_kv_cache_bytes();
+    // A device backend sizes the pool from its own free memory (weights already loaded).
+    const int64_t device_free = model_->backend()->free_memory();
+    const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes
+                          : device_free >= 0     ? device_free / 10 * 9
+                                                 : default_kv_cache_bytes();
     num_blocks = static_cast<int32_t>(std::min<int64_t>(bytes / static_cast<int64_t>(per_block), 1 << 30));
   }
   FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block ("

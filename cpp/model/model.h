@@ -40,7 +40,8 @@ class Model {
   Backend* backend() const { return backend_.get(); }
   std::shared_ptr<Backend> backend_ptr() const { return backend_; }
 
-  // logits: [batch.num_logits, vocab_size] f32 (host memory on cpu).
+  // batch: host pointers. logits: [batch.num_logits, vocab_size] f32 in host memory (a device
+  // backend uploads the metadata and downloads the logits inside).
   void forward(const ForwardBatch& batch, KVCache& cache, float* logits);
 
   // Logits for every position of one sequence, with a private KV cache: [n, vocab_size].
@@ -51,6 +52,7 @@ class Model {
   void ensure_workspace(int32_t num_tokens);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
+  ForwardBatch stage_on_device(const ForwardBatch& host_batch);
 
   ModelConfig config_;
   DType dtype_;
@@ -61,6 +63,9 @@ class Model {
   // Step workspace, grown on demand, reused across steps (no allocation in the steady state).
   int32_t capacity_ = 0;
   Buffer residual_, normed_, qkv_, attn_out_, proj_out_, gate_up_, act_, last_res_, last_x_;
+  // Device backends only: per-step metadata (host staging and its device copy) and the logits.
+  std::vector<char> meta_host_;
+  Buffer meta_, logits_dev_;
 };
 
 }  // namespace fantai::model

@@ -23,8 +23,9 @@ class EngineOptions:
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # fixes the pool in blocks (tests, experiments)
     enable_prefix_caching: bool = True
+    device: str = "cpu"  # backend: "cpu", "cuda" or "cuda:N"
 
-    def core_config(self, eos_token_ids: list[int]) -> _C.EngineConfig:
+    def core_config(self, eos_token_ids: list[int], device_free_bytes: int = -1) -> _C.EngineConfig:
         c = _C.EngineConfig()
         c.block_size = self.block_size
         c.max_num_seqs = self.max_num_seqs
@@ -34,11 +35,13 @@ class EngineOptions:
         c.seed = self.seed
         c.eos_token_ids = list(eos_token_ids)
         c.num_blocks = self.num_kv_blocks or 0
-        c.kv_cache_bytes = self.kv_bytes()
+        c.kv_cache_bytes = self.kv_bytes(device_free_bytes)
         c.enable_prefix_caching = self.enable_prefix_caching
         return c
 
-    def kv_bytes(self) -> int:
+    def kv_bytes(self, device_free_bytes: int = -1) -> int:
+        """KV pool bytes; memory_utilization is a share of the device's free memory on a device
+        backend (device_free_bytes >= 0, weights already loaded) and of MemAvailable on cpu."""
         explicit = parse_bytes(self.kv_cache_memory)
         if explicit is not None:
             if explicit <= 0:
@@ -47,7 +50,8 @@ class EngineOptions:
         if self.memory_utilization is not None:
             if not 0.0 < self.memory_utilization <= 0.95:
                 raise ValueError(f"memory_utilization must be in (0, 0.95], got {self.memory_utilization}")
-            return int(_available_bytes() * self.memory_utilization)
+            free = device_free_bytes if device_free_bytes >= 0 else _available_bytes()
+            return int(free * self.memory_utilization)
         return 0  # the core's default share of available RAM
 
 
@@ -63,13 +67,14 @@ class CoreHolder:
     """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
 
     def __init__(self, model: str | None, options: EngineOptions, chat_template: str | None) -> None:
-        loaded = load_model(model, options.dtype, options.threads)
+        loaded = load_model(model, options.dtype, options.threads, options.device)
         self.options = options
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
         self.load_seconds = loaded.load_seconds
         self.chat_template = chat_template
         self._model = loaded.model
-        self.engine = _C.Engine(loaded.model, options.core_config(self.tokenizer.eos_token_ids))
+        self.engine = _C.Engine(loaded.model, options.core_config(self.tokenizer.eos_token_ids,
+                                                                  loaded.model.device_free_memory))
         self.max_model_len: int = self.engine.max_model_len
         self.vocab_size: int = loaded.model.config.vocab_size

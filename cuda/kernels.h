@@ -50,5 +50,8 @@ void attention(const float* q, int64_t q_stride, const void* k_cache, const void
 // sampling.cu. out[r] = the index of the largest logits[r, :] (lowest index on ties, NaN never
 // wins), like the CPU sampler's greedy path.
 void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out, cudaStream_t stream);
+// argmax plus logprobs[r] = log_softmax(logits[r])[token]; a row holding NaN gets token -1.
+void greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* logprobs,
+            cudaStream_t stream);
 
 }  // namespace fantai::cuda

@@ -73,6 +73,14 @@ class Backend {
   // Free bytes of the backend's memory for sizing the KV pool; < 0 means host memory (the engine
   // then applies its own RAM-based default).
   virtual int64_t free_memory() const { return -1; }
+  // Greedy sampling where the logits live: tokens[r] = argmax of logits row r (ties to the lowest
+  // id) and logprobs[r] = its log-softmax, both written to host memory, so a device backend
+  // returns 2 numbers per row instead of the vocab-wide row. Returns false when the backend leaves
+  // sampling to the host sampler (cpu).
+  virtual bool sample_greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                             float* logprobs) {
+    return false;
+  }
   // Gives the physical pages of [ptr, ptr + bytes) back (contents become undefined, the range
   // stays valid and is backed again on the next write). Default: keep them.
   virtual void release_pages(void* ptr, size_t bytes) {}

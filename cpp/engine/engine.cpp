@@ -238,15 +238,47 @@ std::vector<StepOutput> Engine::step() {
   for (const ScheduledSeq& s : batch.seqs) {
     if (s.request->first_scheduled_time < 0) s.request->first_scheduled_time = t;
   }
-  const std::vector<float>& logits = runner_->run(batch);
+  std::vector<int32_t> greedy_tokens;
+  std::vector<float> greedy_logprobs;
+  const bool sampled_on_backend = model_->backend()->is_device() && plain_greedy_step(batch) &&
+                                  runner_->run_greedy(batch, &greedy_tokens, &greedy_logprobs);
+  const std::vector<float>& logits = sampled_on_backend ? empty_logits_ : runner_->run(batch);
   scheduler_->on_step_done(batch);
   counters_.num_steps++;
   counters_.last_batch_tokens = batch.num_tokens;
   counters_.last_batch_decode = batch.num_decode_tokens;
   counters_.last_batch_prefill = batch.num_prefill_tokens;
   counters_.prompt_tokens += batch.num_prefill_tokens;
-  sample_and_postprocess(batch, logits, &outs);
+  if (!sampled_on_backend) {
+    sample_and_postprocess(batch, logits, &outs);
+    return outs;
+  }
+  size_t i = 0;
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (!s.sample) continue;
+    model::SampleResult res;
+    res.token = greedy_tokens[i];
+    res.logprob = greedy_logprobs[i++];
+    FANTAI_CHECK(res.token >= 0, "sample: request " << s.request->id << ": logits contain NaN");
+    postprocess(s.request, res, &outs);
+  }
   return outs;
+}
+
+bool Engine::plain_greedy_step(const ScheduledBatch& batch) const {
+  if (!pending_siblings_.empty()) return false;
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (!s.sample) continue;
+    const Request& r = *s.request;
+    const SamplingParams& p = r.params;
+    const bool bans = static_cast<int32_t>(r.output.size()) < p.min_tokens &&
+                      (!p.ignore_eos || !p.stop_token_ids.empty());
+    if (!p.greedy() || p.logprobs >= 0 || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
+        p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || bans) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vector<float>& logits,

@@ -19,6 +19,9 @@ class ModelRunner {
 
   // Runs one step; returns logits [number of seqs with sample == true, vocab] in batch order.
   const std::vector<float>& run(const ScheduledBatch& batch);
+  // Runs one step with greedy sampling on the backend (Model::forward_greedy): tokens and logprobs
+  // per sampled seq, in batch order. Returns false, running nothing, where the backend cannot.
+  bool run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* tokens, std::vector<float>* logprobs);
 
  private:
   void prepare(const ScheduledBatch& batch);

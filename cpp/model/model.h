@@ -44,6 +44,11 @@ class Model {
   // backend uploads the metadata and downloads the logits inside).
   void forward(const ForwardBatch& batch, KVCache& cache, float* logits);
 
+  // On a backend that samples greedily where the logits live (Backend::sample_greedy, device
+  // backends): the argmax token and its logprob per logits row instead of the logits. Returns
+  // false, computing nothing, when the backend cannot.
+  bool forward_greedy(const ForwardBatch& batch, KVCache& cache, int32_t* tokens, float* logprobs);
+
   // Logits for every position of one sequence, with a private KV cache: [n, vocab_size].
   // For tests and scoring; the engine never calls it.
   std::vector<float> score(const std::vector<int32_t>& token_ids);
@@ -66,6 +71,8 @@ class Model {
   // Device backends only: per-step metadata (host staging and its device copy) and the logits.
   std::vector<char> meta_host_;
   Buffer meta_, logits_dev_;
+  int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
+  float* greedy_logprobs_ = nullptr;
 };
 
 }  // namespace fantai::model

@@ -371,6 +371,26 @@ TEST(CudaKernels, ArgmaxMatchesTheCpuRule) {
   EXPECT_EQ(got[3], vocab - 1);
 }
 
+TEST(CudaKernels, GreedyGivesTheTokenAndItsLogSoftmax) {
+  SKIP_WITHOUT_GPU();
+  const int64_t rows = 3, vocab = 1001;
+  auto l = randn(rows * vocab, 22, 3.f);
+  l[2 * vocab + 10] = std::numeric_limits<float>::quiet_NaN();  // refused, as on the CPU
+  Dev dl(l), dt(rows * 4), dp(rows * 4);
+  greedy(dl.as(), rows, vocab, dt.as<int32_t>(), dp.as(), nullptr);
+  const auto tok = dt.get<int32_t>();
+  const auto lp = dp.get();
+  for (int64_t r = 0; r < 2; ++r) {
+    const float* row = l.data() + r * vocab;
+    const int32_t best = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i]) - row[best]);
+    EXPECT_EQ(tok[r], best);
+    EXPECT_NEAR(lp[r], -std::log(sum), 1e-5);
+  }
+  EXPECT_EQ(tok[2], -1);
+}
+
 // ---- the backend through the seam --------------------------------------------------------------
 
 TEST(CudaBackend, UploadDownloadAndDeviceOps) {
@@ -391,6 +411,16 @@ TEST(CudaBackend, UploadDownloadAndDeviceOps) {
   be->fill_zero(dx, 4000);
   be->download(back.data(), dx, 4000);
   EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](float v) { return v == 0.f; }));
+  int32_t tok[2] = {-5, -5};
+  float lp[2] = {1.f, 1.f};
+  ASSERT_TRUE(be->sample_greedy(static_cast<const float*>(dy), 2, 500, tok, lp));
+  for (int r = 0; r < 2; ++r) {
+    // dy still holds x + y (the copy above); dx was zeroed.
+    std::vector<float> want(x.begin() + r * 500, x.begin() + (r + 1) * 500);
+    for (int i = 0; i < 500; ++i) want[i] += y[r * 500 + i];
+    EXPECT_EQ(tok[r], std::max_element(want.begin(), want.end()) - want.begin());
+    EXPECT_LE(lp[r], 0.f);
+  }
   be->free(dx);
   be->free(dy);
 }

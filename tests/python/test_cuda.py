@@ -125,3 +125,13 @@ def test_memory_utilization_sizes_the_pool_from_device_memory(gpu: None, model_d
     free = llm._model.device_free_memory
     assert free > 0
     assert 0 < llm.engine.kv_cache_bytes <= 0.05 * (free + llm.engine.kv_cache_bytes) + (1 << 20)
+
+
+def test_host_and_device_sampling_paths_agree(gpu: None, model_dir: Path) -> None:
+    """Plain greedy picks tokens on the GPU; asking for logprobs sends the rows to the CPU sampler."""
+    llm = LLM(str(model_dir), dtype="float32", device="cuda", num_kv_blocks=128)
+    prompts = random_prompts(8, 320, [2, 19, 64], seed=6)
+    on_device = llm.generate(prompts, GREEDY, use_tqdm=False)
+    on_host = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1),
+                           use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in on_device] == [o.outputs[0].token_ids for o in on_host]

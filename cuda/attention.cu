@@ -21,7 +21,9 @@ namespace fantai::cuda {
 namespace {
 
 constexpr int kMaxHeadDim = 256;
-constexpr int kDimsPerLane = kMaxHeadDim / 32;
+// Head dims per lane (DPL) is a template parameter, 2, 4 or 8 (head_dim up to 64, 128, 256), so
+// registers hold only what the head needs.
+constexpr int kTokensPerLoad = 4;  // decode: K/V rows a warp loads before using any of them
 constexpr int kMaxGroup = 8;  // query heads one decode block serves
 constexpr int kDecodeWarps = 4;
 constexpr int kPrefillRows = 16, kPrefillWarps = 4, kRowsPerWarp = kPrefillRows / kPrefillWarps;
@@ -41,7 +43,7 @@ struct DecodeArgs {
   float* part_ml;   // [num_seqs, num_q_heads, max_parts, 2] (max, sum)
 };
 
-template <typename T>
+template <typename T, int DPL>
 __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(DecodeArgs a, const T* __restrict__ kc,
                                                                    const T* __restrict__ vc) {
   const int s = blockIdx.z;
@@ -58,46 +60,57 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(DecodeArgs a,
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hd = a.head_dim;
 
-  float qr[kMaxGroup][kDimsPerLane];
+  float qr[kMaxGroup][DPL];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) {
+    for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
       qr[g][i] = g < nh && d < hd ? a.q[q_row * a.q_stride + (h0 + g) * hd + d] * a.scale : 0.f;
     }
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDimsPerLane];
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][DPL];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
     m[g] = -FLT_MAX;
     l[g] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) acc[g][i] = 0.f;
+    for (int i = 0; i < DPL; ++i) acc[g][i] = 0.f;
   }
   const int32_t* table = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
-  for (int t = start + warp; t < end; t += kDecodeWarps) {
-    const int64_t row =
-        ((static_cast<int64_t>(table[t / a.block_size]) * a.num_kv_heads + kvh) * a.block_size + t % a.block_size) * hd;
-    float kr[kDimsPerLane], vr[kDimsPerLane];
+  // Each warp takes kTokensPerLoad consecutive tokens at a time and issues all their loads
+  // before the first use, so several rows are in flight per warp (decode is load-latency bound).
+  for (int t0 = start + warp * kTokensPerLoad; t0 < end; t0 += kDecodeWarps * kTokensPerLoad) {
+    float kr[kTokensPerLoad][DPL], vr[kTokensPerLoad][DPL];
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) {
-      const int d = lane + 32 * i;
-      kr[i] = d < hd ? to_f32(kc[row + d]) : 0.f;
-      vr[i] = d < hd ? to_f32(vc[row + d]) : 0.f;
+    for (int u = 0; u < kTokensPerLoad; ++u) {
+      const int t = t0 + u;
+      const int64_t row = t < end ? ((static_cast<int64_t>(table[t / a.block_size]) * a.num_kv_heads + kvh) *
+                                         a.block_size + t % a.block_size) * hd
+                                  : 0;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int d = lane + 32 * i;
+        kr[u][i] = t < end && d < hd ? to_f32(kc[row + d]) : 0.f;
+        vr[u][i] = t < end && d < hd ? to_f32(vc[row + d]) : 0.f;
+      }
     }
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g >= nh) break;
-      float dot = 0.f;
+    for (int u = 0; u < kTokensPerLoad; ++u) {
+      if (t0 + u >= end) break;
 #pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) dot = fmaf(qr[g][i], kr[i], dot);
-      const float score = warp_sum(dot);
-      const float m_new = fmaxf(m[g], score);
-      const float c = __expf(m[g] - m_new), p = __expf(score - m_new);
-      l[g] = l[g] * c + p;
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= nh) break;
+        float dot = 0.f;
 #pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) acc[g][i] = fmaf(p, vr[i], acc[g][i] * c);
-      m[g] = m_new;
+        for (int i = 0; i < DPL; ++i) dot = fmaf(qr[g][i], kr[u][i], dot);
+        const float score = warp_sum(dot);
+        const float m_new = fmaxf(m[g], score);
+        const float c = __expf(m[g] - m_new), p = __expf(score - m_new);
+        l[g] = l[g] * c + p;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[g][i] = fmaf(p, vr[u][i], acc[g][i] * c);
+        m[g] = m_new;
+      }
     }
   }
   // Merge the warps in index order.
@@ -111,7 +124,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(DecodeArgs a,
       sl[warp][g] = l[g];
     }
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) {
+    for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
       if (d < hd) sacc[warp][g][d] = acc[g][i];
     }
@@ -162,7 +175,7 @@ __global__ void decode_reduce_kernel(DecodeArgs a) {
   }
 }
 
-template <typename T>
+template <typename T, int DPL>
 __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs a, const T* __restrict__ kc,
                                                                      const T* __restrict__ vc) {
   extern __shared__ float smem[];
@@ -182,13 +195,13 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs 
     const int r = i / hd, d = i % hd;
     qs[i] = r < rows ? a.q[static_cast<int64_t>(q0 + r0 + r) * a.q_stride + h * hd + d] * a.scale : 0.f;
   }
-  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDimsPerLane];
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DPL];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     m[rr] = -FLT_MAX;
     l[rr] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) acc[rr][i] = 0.f;
+    for (int i = 0; i < DPL; ++i) acc[rr][i] = 0.f;
   }
   const int32_t* table = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
   for (int c0 = 0; c0 <= max_pos; c0 += kChunk) {
@@ -225,12 +238,12 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs 
       const float c = __expf(m[rr] - m_new);
       l[rr] = l[rr] * c + warp_sum(p);
 #pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) acc[rr][i] *= c;
+      for (int i = 0; i < DPL; ++i) acc[rr][i] *= c;
       for (int t = 0; t < kChunk; ++t) {
         const float pt = __shfl_sync(0xffffffffu, p, t);
         const float* vrow = vs + t * hd;
 #pragma unroll
-        for (int i = 0; i < kDimsPerLane; ++i) {
+        for (int i = 0; i < DPL; ++i) {
           const int d = lane + 32 * i;
           if (d < hd) acc[rr][i] = fmaf(pt, vrow[d], acc[rr][i]);
         }
@@ -244,7 +257,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs 
     if (r >= rows) break;
     float* o = a.out + (static_cast<int64_t>(q0 + r0 + r) * a.num_q_heads + h) * hd;
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) {
+    for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
       if (d < hd) o[d] = acc[rr][i] / l[rr];
     }
@@ -253,6 +266,30 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs 
 
 int max_parts_for(int32_t max_context_len) {
   return std::max(1, (max_context_len + kAttnPartition - 1) / kAttnPartition);
+}
+
+template <typename T, int DPL>
+void launch_attention(const DecodeArgs& a, const AttentionParams& p, const KVLayout& L, int32_t num_q_heads,
+                      const void* k_cache, const void* v_cache, cudaStream_t stream) {
+  const T* kc = static_cast<const T*>(k_cache);
+  const T* vc = static_cast<const T*>(v_cache);
+  // Decode rows: always launched (it returns at once for prefill sequences); the planner does
+  // not read device metadata, so it cannot know which sequences are which.
+  const dim3 dgrid(a.max_parts, L.num_kv_heads * a.head_chunks, p.num_seqs);
+  decode_kernel<T, DPL><<<dgrid, kDecodeWarps * 32, 0, stream>>>(a, kc, vc);
+  FANTAI_CUDA_LAUNCHED();
+  if (a.max_parts > 1) {
+    decode_reduce_kernel<<<dim3(num_q_heads, p.num_seqs), 128, 0, stream>>>(a);
+    FANTAI_CUDA_LAUNCHED();
+  }
+  if (p.max_query_len > 1) {
+    const int smem = (kPrefillRows * L.head_dim + kChunk * (L.head_dim + 1) + kChunk * L.head_dim) *
+                     static_cast<int>(sizeof(float));
+    FANTAI_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T, DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const dim3 pgrid((p.max_query_len + kPrefillRows - 1) / kPrefillRows, num_q_heads, p.num_seqs);
+    prefill_kernel<T, DPL><<<pgrid, kPrefillWarps * 32, smem, stream>>>(a, kc, vc);
+    FANTAI_CUDA_LAUNCHED();
+  }
 }
 
 }  // namespace
@@ -292,26 +329,15 @@ void attention(const float* q, int64_t q_stride, const void* k_cache, const void
   a.part_out = static_cast<float*>(workspace);
   a.part_ml = a.part_out + static_cast<size_t>(p.num_seqs) * num_q_heads * a.max_parts * L.head_dim;
   FANTAI_CHECK(a.max_parts == 1 || workspace != nullptr, "attention workspace missing");
+  const int dpl = L.head_dim <= 64 ? 2 : L.head_dim <= 128 ? 4 : 8;
   dispatch_dtype(L.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const T* kc = static_cast<const T*>(k_cache);
-    const T* vc = static_cast<const T*>(v_cache);
-    // Decode rows: always launched (it returns at once for prefill sequences); the planner does
-    // not read device metadata, so it cannot know which sequences are which.
-    const dim3 dgrid(a.max_parts, L.num_kv_heads * a.head_chunks, p.num_seqs);
-    decode_kernel<T><<<dgrid, kDecodeWarps * 32, 0, stream>>>(a, kc, vc);
-    FANTAI_CUDA_LAUNCHED();
-    if (a.max_parts > 1) {
-      decode_reduce_kernel<<<dim3(num_q_heads, p.num_seqs), 128, 0, stream>>>(a);
-      FANTAI_CUDA_LAUNCHED();
-    }
-    if (p.max_query_len > 1) {
-      const int smem = (kPrefillRows * L.head_dim + kChunk * (L.head_dim + 1) + kChunk * L.head_dim) *
-                       static_cast<int>(sizeof(float));
-      FANTAI_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      const dim3 pgrid((p.max_query_len + kPrefillRows - 1) / kPrefillRows, num_q_heads, p.num_seqs);
-      prefill_kernel<T><<<pgrid, kPrefillWarps * 32, smem, stream>>>(a, kc, vc);
-      FANTAI_CUDA_LAUNCHED();
+    if (dpl == 2) {
+      launch_attention<T, 2>(a, p, L, num_q_heads, k_cache, v_cache, stream);
+    } else if (dpl == 4) {
+      launch_attention<T, 4>(a, p, L, num_q_heads, k_cache, v_cache, stream);
+    } else {
+      launch_attention<T, 8>(a, p, L, num_q_heads, k_cache, v_cache, stream);
     }
   });
 }

@@ -6,7 +6,8 @@
 // - 16-bit weights, m <= kGemvMaxRows (decode): a GEMV that keeps the activations in f32 and
 //   widens the weights in registers, the same numerics as the CPU kernels; decode is bound by
 //   reading the weights, so tensor cores would buy nothing there.
-// - 16-bit weights, larger m (prefill): tensor cores (WMMA, bf16/f16 inputs, f32 accumulate).
+// - 16-bit weights, larger m (prefill, big decode batches): tensor cores (WMMA, bf16/f16 inputs,
+//   f32 accumulate).
 //   Tensor cores need both operands in 16 bits, so the activations are rounded to the weight
 //   dtype when staged in shared memory, which is what a bf16 transformers model does anyway.
 // Every kernel accumulates one output element over k in a fixed order that does not depend on m,
@@ -14,6 +15,7 @@
 // switch at kGemvMaxRows is the one place a row's rounding depends on the batch).
 #include <mma.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -129,60 +131,126 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const float* __re
   }
 }
 
-// ---- 16-bit weights, many rows: WMMA 64x64 tiles, 32-deep k slabs, 4 warps of 32x32 ---------
-constexpr int kTBM = 64, kTBN = 64, kTBK = 32, kTPad = 8;
+// ---- 16-bit weights, many rows: WMMA, 128x128 tiles, 32-deep k slabs, 8 warps of 32x64 --------
+// Two shared-memory stages: the next slab is fetched into registers while the tensor cores work
+// on the current one, then stored to the other stage, so there is one barrier per slab.
+constexpr int kTBM = 128, kTBN = 128, kTBK = 32, kTPad = 8, kTLd = kTBK + kTPad;
+constexpr int kTThreads = 256;
+constexpr int kARegs = kTBM * kTBK / 4 / kTThreads;  // float4 chunks of x per thread per slab (4)
+constexpr int kWRegs = kTBN * kTBK / 8 / kTThreads;  // 8-element chunks of w per thread per slab (2)
 
-template <typename T>
-__global__ void __launch_bounds__(128) wmma_gemm_kernel(const float* __restrict__ x, const T* __restrict__ w,
-                                                        const float* __restrict__ bias, float* __restrict__ y,
-                                                        int64_t m, int64_t n, int64_t k) {
+template <typename T, bool kVec>
+struct WmmaTiles {
+  float4 a[kARegs];
+  uint4 w[kWRegs];
+
+  // kVec: k % 8 == 0 and 16-byte aligned bases, so a chunk is wholly inside k or wholly outside.
+  __device__ void fetch(const float* x, const T* wt, int64_t m, int64_t n, int64_t k, int64_t row0,
+                        int64_t col0, int64_t k0) {
+#pragma unroll
+    for (int i = 0; i < kARegs; ++i) {
+      const int f = threadIdx.x + i * kTThreads, r = f / (kTBK / 4), c = (f % (kTBK / 4)) * 4;
+      const int64_t gr = row0 + r, gc = k0 + c;
+      if (kVec) {
+        a[i] = gr < m && gc < k ? *reinterpret_cast<const float4*>(x + gr * k + gc) : make_float4(0.f, 0.f, 0.f, 0.f);
+      } else {
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = gr < m && gc + e < k ? x[gr * k + gc + e] : 0.f;
+        a[i] = make_float4(v[0], v[1], v[2], v[3]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kWRegs; ++i) {
+      const int f = threadIdx.x + i * kTThreads, r = f / (kTBK / 8), c = (f % (kTBK / 8)) * 8;
+      const int64_t gn = col0 + r, gc = k0 + c;
+      if (kVec) {
+        w[i] = gn < n && gc < k ? __ldg(reinterpret_cast<const uint4*>(wt + gn * k + gc)) : make_uint4(0, 0, 0, 0);
+      } else {
+        T v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = gn < n && gc + e < k ? wt[gn * k + gc + e] : from_f32<T>(0.f);
+        w[i] = *reinterpret_cast<const uint4*>(v);
+      }
+    }
+  }
+
+  __device__ void store(T (*as)[kTLd], T (*ws)[kTLd]) const {
+#pragma unroll
+    for (int i = 0; i < kARegs; ++i) {
+      const int f = threadIdx.x + i * kTThreads, r = f / (kTBK / 4), c = (f % (kTBK / 4)) * 4;
+      as[r][c] = from_f32<T>(a[i].x);
+      as[r][c + 1] = from_f32<T>(a[i].y);
+      as[r][c + 2] = from_f32<T>(a[i].z);
+      as[r][c + 3] = from_f32<T>(a[i].w);
+    }
+#pragma unroll
+    for (int i = 0; i < kWRegs; ++i) {
+      const int f = threadIdx.x + i * kTThreads, r = f / (kTBK / 8), c = (f % (kTBK / 8)) * 8;
+      *reinterpret_cast<uint4*>(&ws[r][c]) = w[i];
+    }
+  }
+};
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kTThreads) wmma_gemm_kernel(const float* __restrict__ x, const T* __restrict__ w,
+                                                              const float* __restrict__ bias, float* __restrict__ y,
+                                                              int64_t m, int64_t n, int64_t k) {
   namespace wmma = nvcuda::wmma;
-  __shared__ __align__(32) T as[kTBM][kTBK + kTPad];
-  __shared__ __align__(32) T ws[kTBN][kTBK + kTPad];
-  __shared__ __align__(32) float cs[kTBM][kTBN + 4];
-  const int tid = threadIdx.x, warp = tid >> 5;
-  const int wr = warp / 2, wc = warp % 2;
+  __shared__ __align__(128) T as[2][kTBM][kTLd];
+  __shared__ __align__(128) T ws[2][kTBN][kTLd];
+  __shared__ __align__(128) float stage[kTThreads / 32][16 * 16];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wr = warp / 2, wc = warp % 2;  // 4 x 2 warps of 32 rows x 64 columns
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTBM, col0 = static_cast<int64_t>(blockIdx.x) * kTBN;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  const T zero = from_f32<T>(0.f);
+    for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+
+  WmmaTiles<T, kVec> tiles;
+  tiles.fetch(x, w, m, n, k, row0, col0, 0);
+  tiles.store(as[0], ws[0]);
+  __syncthreads();
+  int cur = 0;
   for (int64_t k0 = 0; k0 < k; k0 += kTBK) {
-    for (int i = tid; i < kTBM * kTBK; i += 128) {
-      const int r = i / kTBK, c = i % kTBK;
-      const int64_t gr = row0 + r, gn = col0 + r, gc = k0 + c;
-      as[r][c] = gr < m && gc < k ? from_f32<T>(x[gr * k + gc]) : zero;
-      ws[r][c] = gn < n && gc < k ? w[gn * k + gc] : zero;
-    }
-    __syncthreads();
+    const bool next = k0 + kTBK < k;
+    if (next) tiles.fetch(x, w, m, n, k, row0, col0, k0 + kTBK);
 #pragma unroll
     for (int kk = 0; kk < kTBK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &as[wr * 32 + i * 16][kk], kTBK + kTPad);
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &as[cur][wr * 32 + i * 16][kk], kTLd);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &ws[wc * 32 + j * 16][kk], kTBK + kTPad);
+      for (int j = 0; j < 4; ++j) wmma::load_matrix_sync(b[j], &ws[cur][wc * 64 + j * 16][kk], kTLd);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        for (int j = 0; j < 4; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
     }
+    // The other stage was last read before the previous barrier: safe to overwrite now.
+    if (next) tiles.store(as[cur ^ 1], ws[cur ^ 1]);
     __syncthreads();
+    cur ^= 1;
   }
+  // Epilogue through a per-warp 16x16 staging tile: bounds and bias for edge tiles.
+  float* st = stage[warp];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(&cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], kTBN + 4, wmma::mem_row_major);
-  __syncthreads();
-  for (int i = tid; i < kTBM * kTBN; i += 128) {
-    const int r = i / kTBN, c = i % kTBN;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    if (gr < m && gc < n) y[gr * n + gc] = cs[r][c] + (bias ? bias[gc] : 0.f);
-  }
+    for (int j = 0; j < 4; ++j) {
+      wmma::store_matrix_sync(st, acc[i][j], 16, wmma::mem_row_major);
+      __syncwarp();
+      const int64_t r_base = row0 + wr * 32 + i * 16, c_base = col0 + wc * 64 + j * 16;
+#pragma unroll
+      for (int e = lane; e < 256; e += 32) {
+        const int64_t gr = r_base + e / 16, gc = c_base + e % 16;
+        if (gr < m && gc < n) y[gr * n + gc] = st[e] + (bias ? bias[gc] : 0.f);
+      }
+      __syncwarp();
+    }
 }
 
 }  // namespace
@@ -190,7 +258,7 @@ __global__ void __launch_bounds__(128) wmma_gemm_kernel(const float* __restrict_
 void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
             int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0 || n == 0) return;
-  FANTAI_REQUIRE(n <= int64_t{65535} * kSBN && m <= int64_t{65535} * kSBM, "linear: shape too large");
+  FANTAI_REQUIRE(m <= int64_t{65535} * std::min(kSBM, kTBM), "linear: too many rows (" << m << ")");
   if (w_dtype == DType::kF32) {
     const dim3 grid(ceil_div(n, kSBN), ceil_div(m, kSBM));
     sgemm_kernel<<<grid, 256, 0, stream>>>(x, static_cast<const float*>(w), bias, y, m, n, k);
@@ -213,7 +281,13 @@ void linear(const float* x, const void* w, DType w_dtype, const float* bias, flo
         }
       } else {
         const dim3 grid(ceil_div(n, kTBN), ceil_div(m, kTBM));
-        wmma_gemm_kernel<T><<<grid, 128, 0, stream>>>(x, wt, bias, y, m, n, k);
+        const bool vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+        if (vec) {
+          wmma_gemm_kernel<T, true><<<grid, kTThreads, 0, stream>>>(x, wt, bias, y, m, n, k);
+        } else {
+          wmma_gemm_kernel<T, false><<<grid, kTThreads, 0, stream>>>(x, wt, bias, y, m, n, k);
+        }
       }
     }
   });

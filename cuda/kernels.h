@@ -53,5 +53,12 @@ void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out, cuda
 // argmax plus logprobs[r] = log_softmax(logits[r])[token]; a row holding NaN gets token -1.
 void greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* logprobs,
             cudaStream_t stream);
+// Top-k / top-p draw, one per row, with the caller's uniform[r] in [0, 1): softmax(logits / T);
+// keep the tokens >= the k-th largest logit (top_k <= 0: all; ties at the cut kept); then the
+// tokens >= the highest cut whose kept probability mass still reaches top_p of the top-k mass;
+// out[r] = the first kept token in index order whose cumulative kept mass exceeds uniform[r]
+// times the total kept mass. Same temperature, top_k and top_p for every row of the call.
+void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float temperature,
+                        int32_t top_k, float top_p, const float* uniform, int32_t* out, cudaStream_t stream);
 
 }  // namespace fantai::cuda

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -389,6 +390,79 @@ TEST(CudaKernels, GreedyGivesTheTokenAndItsLogSoftmax) {
     EXPECT_NEAR(lp[r], -std::log(sum), 1e-5);
   }
   EXPECT_EQ(tok[2], -1);
+}
+
+// The documented rule in double: kept set (top-k then top-p, ties at a cut kept) and the draw.
+std::vector<char> ref_kept(const float* l, int vocab, float temp, int top_k, double top_p) {
+  std::vector<float> sorted(l, l + vocab);
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  const float kth = top_k > 0 && top_k < vocab ? sorted[top_k - 1] : -INFINITY;
+  const double mx = sorted[0];
+  double mass = 0;
+  for (int i = 0; i < vocab; ++i)
+    if (l[i] >= kth) mass += std::exp((l[i] - mx) / temp);
+  float cut = kth;
+  if (top_p < 1.0) {
+    double cum = 0;
+    for (size_t j = 0; j < sorted.size(); ++j) {  // descending; equal values join together
+      if (sorted[j] < kth) break;
+      cum += std::exp((sorted[j] - mx) / temp);
+      if ((j + 1 == sorted.size() || sorted[j + 1] != sorted[j]) && cum >= top_p * mass) {
+        cut = sorted[j];
+        break;
+      }
+    }
+  }
+  std::vector<char> keep(vocab);
+  for (int i = 0; i < vocab; ++i) keep[i] = l[i] >= cut;
+  return keep;
+}
+
+int ref_draw(const float* l, int vocab, float temp, const std::vector<char>& keep, double u) {
+  const double mx = *std::max_element(l, l + vocab);
+  double z = 0;
+  for (int i = 0; i < vocab; ++i) z += keep[i] ? std::exp((l[i] - mx) / temp) : 0;
+  double cum = 0;
+  int last = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (!keep[i]) continue;
+    cum += std::exp((l[i] - mx) / temp);
+    last = i;
+    if (cum > u * z) return i;
+  }
+  return last;
+}
+
+TEST(CudaKernels, TopKTopPDrawFollowsTheReferenceRule) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 1000;
+  const std::vector<float> us{0.f, 0.3f, 0.77f, 0.999f};
+  auto l = randn(us.size() * vocab, 23, 2.f);
+  for (size_t r = 1; r < us.size(); ++r)  // one logits row per draw: the same row each time
+    std::copy(l.begin(), l.begin() + vocab, l.begin() + r * vocab);
+  int cases = 0, exact = 0;
+  for (float temp : {1.f, 0.7f})
+    for (int top_k : {0, 1, 50})
+      for (float top_p : {1.f, 0.9f, 0.5f}) {
+        SCOPED_TRACE(::testing::Message() << "T=" << temp << " k=" << top_k << " p=" << top_p);
+        Dev dl(l), du(us), dout(us.size() * 4);
+        sample_top_k_top_p(dl.as(), us.size(), vocab, temp, top_k, top_p, du.as(), dout.as<int32_t>(), nullptr);
+        const auto got = dout.get<int32_t>();
+        const auto keep = ref_kept(l.data(), vocab, temp, top_k, top_p);
+        // Float vs double sums may move the top-p cut by one value: accept a token of the next
+        // looser set, but count how often the draw is exactly the reference's.
+        const auto loose = ref_kept(l.data(), vocab, temp, top_k, std::min(1.0, top_p * (1 + 1e-4)));
+        for (size_t r = 0; r < us.size(); ++r) {
+          ASSERT_TRUE(got[r] >= 0 && got[r] < vocab && loose[got[r]]) << "token " << got[r] << " u=" << us[r];
+          exact += got[r] == ref_draw(l.data(), vocab, temp, keep, us[r]);
+          ++cases;
+        }
+        if (top_k == 1) {
+          const int best = static_cast<int>(std::max_element(l.begin(), l.begin() + vocab) - l.begin());
+          for (int32_t t : got) EXPECT_EQ(t, best);
+        }
+      }
+  EXPECT_GE(exact, cases * 95 / 100) << exact << " of " << cases << " draws equal the reference's";
 }
 
 // ---- the backend through the seam --------------------------------------------------------------

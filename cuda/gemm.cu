@@ -167,10 +167,11 @@ struct WmmaTiles {
       if (kVec) {
         w[i] = gn < n && gc < k ? __ldg(reinterpret_cast<const uint4*>(wt + gn * k + gc)) : make_uint4(0, 0, 0, 0);
       } else {
-        T v[8];
+        uint4 packed;  // written through T* so the 16-byte value stays aligned
+        T* v = reinterpret_cast<T*>(&packed);
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = gn < n && gc + e < k ? wt[gn * k + gc + e] : from_f32<T>(0.f);
-        w[i] = *reinterpret_cast<const uint4*>(v);
+        w[i] = packed;
       }
     }
   }

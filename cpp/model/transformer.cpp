@@ -178,8 +178,10 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   if (logits_dev_.bytes() < logit_bytes) logits_dev_ = Buffer(be, logit_bytes, false);
   be->linear(normed, weights_.lm_head(), dtype_, nullptr, logits_dev_.as<float>(), b.num_logits,
              c.vocab_size, H);
-  if (greedy_tokens_ != nullptr &&
-      be->sample_greedy(logits_dev_.as<float>(), b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_)) {
+  if (greedy_tokens_ != nullptr) {
+    FANTAI_CHECK(be->sample_greedy(logits_dev_.as<float>(), b.num_logits, c.vocab_size, greedy_tokens_,
+                                   greedy_logprobs_),
+                 "backend " << be->name() << " accepted greedy sampling, then declined it");
     return;
   }
   be->download(logits, logits_dev_.data(), logit_bytes);  // waits for the step's work
@@ -187,16 +189,19 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
 
 bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* tokens, float* logprobs) {
   if (!backend_->is_device()) return false;  // the host sampler is as cheap as it gets there
-  std::vector<float> logits;  // filled only if the backend declines after all
+  // Probe first so a declining backend costs nothing: sample_greedy on zero rows says yes or no,
+  // and a backend that says yes takes the real rows too, so forward needs no logits buffer.
+  if (!backend_->sample_greedy(nullptr, 0, config_.vocab_size, tokens, logprobs)) return false;
   struct Reset {
     Model* m;
-    ~Reset() { m->greedy_tokens_ = nullptr, m->greedy_logprobs_ = nullptr; }
+    ~Reset() {
+      m->greedy_tokens_ = nullptr;
+      m->greedy_logprobs_ = nullptr;
+    }
   } reset{this};
   greedy_tokens_ = tokens;
   greedy_logprobs_ = logprobs;
-  // Probe first so a declining backend costs nothing: sample_greedy on zero rows says yes or no.
-  if (!backend_->sample_greedy(nullptr, 0, config_.vocab_size, tokens, logprobs)) return false;
-  forward(b, cache, logits.data());
+  forward(b, cache, nullptr);
   return true;
 }
 

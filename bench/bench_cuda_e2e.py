@@ -15,22 +15,27 @@ from pathlib import Path
 
 import torch
 
+VOCAB = 128256  # Llama-3.2-1B's
 
-def build_model(path: Path, layers: int) -> Path:
+
+def build_model(path: Path, layers: int, device: str, tiny: bool) -> Path:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
     from tiny_models import save_word_tokenizer
 
-    config = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=4096,
+    shape = dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8)
+    if tiny:  # a smoke run of this script's plumbing on a machine without a GPU
+        shape = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1)
+    config = LlamaConfig(vocab_size=VOCAB, num_hidden_layers=layers, head_dim=64, max_position_embeddings=4096,
                          rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-                         rms_norm_eps=1e-5, initializer_range=0.02)
+                         rms_norm_eps=1e-5, initializer_range=0.02, **shape)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     model.save_pretrained(path, safe_serialization=True)
-    save_word_tokenizer(path, 1000)  # fantai needs a tokenizer; prompts are token ids anyway
+    # fantai needs a tokenizer that can detokenize every id the model may emit.
+    save_word_tokenizer(path, VOCAB)
     del model
     torch.cuda.empty_cache()
     return path
@@ -38,13 +43,13 @@ def build_model(path: Path, layers: int) -> Path:
 
 def prompts(n: int, length: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
-    return torch.randint(10, 128000, (n, length), generator=g).tolist()
+    return torch.randint(10, VOCAB, (n, length), generator=g).tolist()
 
 
-def run_fantai(path: Path, ids: list[list[int]], out_len: int) -> float:
+def run_fantai(path: Path, ids: list[list[int]], out_len: int, device: str) -> float:
     from fantai import LLM, SamplingParams
 
-    llm = LLM(str(path), dtype="bfloat16", device="cuda", memory_utilization=0.5, max_num_seqs=256,
+    llm = LLM(str(path), dtype="bfloat16", device=device, memory_utilization=0.5, max_num_seqs=256,
               max_model_len=1024)
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     llm.generate(ids[:8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -56,21 +61,23 @@ def run_fantai(path: Path, ids: list[list[int]], out_len: int) -> float:
     return len(ids) * out_len / seconds
 
 
-def run_hf(path: Path, ids: list[list[int]], out_len: int, batch: int) -> float:
+def run_hf(path: Path, ids: list[list[int]], out_len: int, batch: int, device: str) -> float:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     kwargs = dict(max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False, eos_token_id=None, pad_token_id=0)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     with torch.no_grad():
-        model.generate(torch.tensor(ids[:8], device="cuda"), **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})
-        torch.cuda.synchronize()
+        model.generate(torch.tensor(ids[:8], device=device), **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})
+        sync()
         start = time.perf_counter()
         for i in range(0, len(ids), batch):  # equal prompt lengths: no padding
-            model.generate(torch.tensor(ids[i:i + batch], device="cuda"), **kwargs)
-        torch.cuda.synchronize()
+            model.generate(torch.tensor(ids[i:i + batch], device=device), **kwargs)
+        sync()
         seconds = time.perf_counter() - start
     del model
-    torch.cuda.empty_cache()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return len(ids) * out_len / seconds
 
 
@@ -82,19 +89,21 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hf-batch", type=int, default=256)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cpu with --tiny checks this script without a GPU")
+    ap.add_argument("--tiny", action="store_true", help="a 128-wide model instead of the 1B shapes")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_cuda_e2e: skipped, torch sees no CUDA device")
         return 0
     ids = prompts(args.requests, args.prompt_len)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        path = build_model(Path(tmp) / "llama-1b-random", args.layers)
+        path = build_model(Path(tmp) / "llama-1b-random", args.layers, args.device, args.tiny)
         print(f"model_build_seconds: {time.perf_counter() - t0:.1f}", flush=True)
-        ours = run_fantai(path, ids, args.output_len)
-        print(f"fantai_cuda_output_tokens_per_s: {ours:.0f}", flush=True)
+        ours = run_fantai(path, ids, args.output_len, args.device)
+        print(f"fantai_{args.device.split(':')[0]}_output_tokens_per_s: {ours:.0f}", flush=True)
         if not args.skip_hf:
-            theirs = run_hf(path, ids, args.output_len, args.hf_batch)
+            theirs = run_hf(path, ids, args.output_len, args.hf_batch, args.device)
             print(f"hf_generate_output_tokens_per_s: {theirs:.0f}", flush=True)
             print(f"fantai_over_hf: {ours / theirs:.2f}", flush=True)
     return 0

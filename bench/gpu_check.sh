@@ -37,6 +37,11 @@ LAST_RC=0
 
 note "host: $(hostname), $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi unavailable')"
 note "nvcc: $(command -v nvcc || echo none) $(nvcc --version 2>/dev/null | tail -1 || true)"
+# The toolkit's runtime for the test and bench binaries (libengine itself carries an rpath).
+if command -v nvcc > /dev/null; then
+  CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}"
+  export LD_LIBRARY_PATH="$CUDA_HOME/lib64:$CUDA_HOME/lib:$CUDA_HOME/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 # ---- build -------------------------------------------------------------------------------------
 # The GPU image has no nlohmann_json or GoogleTest: bench/gpu_deps.sh copies them into .gpu_deps

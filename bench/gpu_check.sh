@@ -5,6 +5,7 @@
 # tests, then prints the kernel and end-to-end figures and a summary. Budget: under 8 minutes.
 #
 #   bash bench/gpu_check.sh            # logs and the summary under build/gpu_check/
+#   FANTAI_GPU_CHECK_VENV=.venv bash bench/gpu_check.sh   # dry run here: installs into that venv
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,8 +52,12 @@ if [[ -d "$ROOT/.gpu_deps" ]]; then
   note "using C++ dependencies from $ROOT/.gpu_deps"
 fi
 VENV="$OUT/venv"
-rm -rf "$VENV"
-"$PY" -m venv --system-site-packages "$VENV"
+if [[ -n "${FANTAI_GPU_CHECK_VENV:-}" ]]; then  # reuse an existing venv (dry runs on a dev machine)
+  VENV="$FANTAI_GPU_CHECK_VENV"
+else
+  rm -rf "$VENV"
+  "$PY" -m venv --system-site-packages "$VENV"
+fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 step build 420 "$VENV/bin/pip" install --no-build-isolation --no-deps -v "$ROOT" \
   -C cmake.define.FANTAI_CUDA=ON -C cmake.define.FANTAI_BUILD_TESTS=ON -C build-dir="$OUT/wheel"

@@ -161,9 +161,13 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   }
   if (b.num_logits == 0) return;
   // Only rows that sample need the final norm and the (large) lm_head.
-  float* res_rows = last_res_.as<float>();
-  float* x_rows = last_x_.as<float>();
-  for (int32_t i = 0; i < b.num_logits; ++i) {
+  // A pure decode step samples every row in order: use the rows in place (the residual is not
+  // needed after this), saving two copies per row (separate transfers on a device backend).
+  bool in_place = b.num_logits == n;
+  for (int32_t i = 0; in_place && i < n; ++i) in_place = b.logits_indices[i] == i;
+  float* res_rows = in_place ? residual : last_res_.as<float>();
+  float* x_rows = in_place ? proj_out_.as<float>() : last_x_.as<float>();
+  for (int32_t i = 0; !in_place && i < b.num_logits; ++i) {
     const int32_t r = b.logits_indices[i];
     be->copy(res_rows + i * H, residual + static_cast<int64_t>(r) * H, H * sizeof(float));
     be->copy(x_rows + i * H, proj_out_.as<float>() + static_cast<int64_t>(r) * H, H * sizeof(float));

@@ -3,8 +3,8 @@
 //  - PagedAttention decode at batch 64 x 4k and batch 1 x 32k (Llama-3.2-1B heads: 32 query,
 //    8 KV, head_dim 64; bf16 KV, block 16): K/V bytes read per second and that as a fraction of
 //    the copy bandwidth,
-//  - the bf16 GEMV (decode linear, m = 1) weight bandwidth fraction and the bf16 tensor-core GEMM
-//    throughput at a prefill shape.
+//  - the bf16 GEMV (decode linear, m = 1) and weight-only INT4 GEMV weight bandwidth fractions and
+//    the bf16 tensor-core GEMM throughput at a prefill shape.
 // Exits 0 with a note when no GPU is present.
 #include <cuda_runtime.h>
 
@@ -114,7 +114,22 @@ void bench_linear(double copy_bw) {
   const int64_t m = 4096;
   const double sg = time_it([&] { cuda::linear(x, w, DType::kBF16, nullptr, y, m, n, k, nullptr); }, 5);
   std::printf("gemm_bf16_m%ld_TFLOPs: %.1f\n", static_cast<long>(m), 2.0 * m * n * k / sg / 1e12);
-  std::printf("gemv_int4_fraction_of_copy: n/a (weight-only INT4 kernel not implemented yet)\n");
+  {  // weight-only INT4, group 128, zero per group: the packed bytes a decode GEMV must read
+    const int32_t group = 128;
+    const int64_t ng = k / group;
+    std::vector<uint8_t> q(size_t(n) * k, 7), zero(size_t(n) * ng, 8);
+    std::vector<float> scale(size_t(n) * ng, 0.01f);
+    QuantMatrix c;
+    c.bits = 4, c.group = group, c.rows = n, c.cols = k, c.ld = k;
+    c.data = q.data(), c.scale = scale.data(), c.zero = zero.data();
+    void* mem = dalloc(cuda::quant_packed_bytes(c));
+    const QuantMatrix pw = cuda::pack_quant(c, mem, nullptr);
+    const double sq = time_it([&] { cuda::linear_q(x, pw, nullptr, y, 1, n, nullptr); }, 50);
+    const double qbytes = double(n) * k / 2 + double(n) * ng * 5;
+    std::printf("gemv_int4_m1_us: %.1f\n", sq * 1e6);
+    std::printf("gemv_int4_m1_fraction_of_copy: %.3f\n", qbytes / sq / copy_bw);
+    CK(cudaFree(mem));
+  }
   CK(cudaFree(w));
   CK(cudaFree(x));
   CK(cudaFree(y));

@@ -126,6 +126,23 @@ class CudaBackend final : public Backend {
     cuda::add(x, y, n, stream_);
   }
 
+  size_t quant_packed_bytes(const QuantMatrix& canonical) const override {
+    return cuda::quant_packed_bytes(canonical);
+  }
+  QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst) override {
+    bind();
+    return cuda::pack_quant(canonical, dst, stream_);
+  }
+  void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                int64_t ldy) override {
+    bind();
+    cuda::linear_q(x, w, bias, y, m, ldy, stream_);
+  }
+  void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override {
+    bind();
+    cuda::embedding_q(ids, n, table, out, stream_);
+  }
+
   bool sample_greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                      float* logprobs) override {
     bind();

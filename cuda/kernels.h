@@ -61,4 +61,14 @@ void greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, f
 void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float temperature,
                         int32_t top_k, float top_p, const float* uniform, int32_t* out, cudaStream_t stream);
 
+// quant.cu: weight-only INT4 / INT8 group-quantized weights (Backend::pack_quant and friends).
+// pack_quant validates and uploads a canonical host matrix into dst (quant_packed_bytes bytes of
+// device memory) and returns the device view; linear_q / embedding_q take only that view.
+constexpr int32_t kCudaQuantLayout = 0x43;  // 'C': 4-bit q two per byte, even column low
+size_t quant_packed_bytes(const QuantMatrix& canonical);
+QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst, cudaStream_t stream);
+void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy,
+              cudaStream_t stream);
+void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out, cudaStream_t stream);
+
 }  // namespace fantai::cuda

@@ -465,6 +465,74 @@ TEST(CudaKernels, TopKTopPDrawFollowsTheReferenceRule) {
   EXPECT_GE(exact, cases * 95 / 100) << exact << " of " << cases << " draws equal the reference's";
 }
 
+// ---- weight-only INT4 / INT8 ------------------------------------------------------------------
+
+struct QuantCase { int bits; int64_t rows, cols; int32_t group; bool zeros, mins, perm; };
+
+TEST(CudaBackend, QuantLinearAndEmbeddingMatchTheDequantizedReference) {
+  SKIP_WITHOUT_GPU();
+  auto be = create_backend("cuda");
+  const QuantCase cases[] = {{4, 37, 96, 32, true, true, false},  {4, 5, 100, 100, false, false, true},
+                             {8, 70, 64, 16, true, false, true},  {8, 9, 33, 33, false, true, false},
+                             {4, 130, 256, 64, true, false, false}};
+  std::mt19937 g(40);
+  for (const QuantCase& qc : cases) {
+    SCOPED_TRACE(::testing::Message() << qc.bits << "-bit " << qc.rows << "x" << qc.cols << " g" << qc.group
+                                      << " zeros=" << qc.zeros << " mins=" << qc.mins << " perm=" << qc.perm);
+    const int64_t ng = (qc.cols + qc.group - 1) / qc.group;
+    std::vector<uint8_t> q(qc.rows * qc.cols), zero(qc.rows * ng);
+    for (auto& v : q) v = static_cast<uint8_t>(g() % (1u << qc.bits));
+    for (auto& v : zero) v = static_cast<uint8_t>(g() % (1u << qc.bits));
+    auto scale = randn(qc.rows * ng, 41, 0.05f), mins = randn(qc.rows * ng, 42, 0.1f);
+    std::vector<int32_t> perm(qc.cols);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), g);
+    QuantMatrix c;
+    c.bits = qc.bits, c.group = qc.group, c.rows = qc.rows, c.cols = qc.cols, c.ld = qc.cols;
+    c.data = q.data(), c.scale = scale.data(), c.zero = qc.zeros ? zero.data() : nullptr;
+    c.zero_point = qc.zeros ? 0 : (1 << (qc.bits - 1));
+    c.min = qc.mins ? mins.data() : nullptr, c.perm = qc.perm ? perm.data() : nullptr;
+    // Dequantized in original column order: wd[j, orig] with stored column c at orig = perm[c].
+    std::vector<float> wd(qc.rows * qc.cols);
+    for (int64_t j = 0; j < qc.rows; ++j)
+      for (int64_t col = 0; col < qc.cols; ++col) {
+        const int64_t gi = j * ng + col / qc.group;
+        const int z = qc.zeros ? zero[gi] : c.zero_point;
+        volatile float w = scale[gi] * static_cast<float>(q[j * qc.cols + col] - z);  // no FMA contraction
+        float v = w;
+        if (qc.mins) v = v + mins[gi];
+        wd[j * qc.cols + (qc.perm ? perm[col] : col)] = v;
+      }
+    void* mem = be->alloc(be->quant_packed_bytes(c));
+    const QuantMatrix pw = be->pack_quant(c, mem);
+    for (int64_t m : {1, 3, 9, 17}) {
+      const int64_t ldy = qc.rows + 5;  // a column slice of a wider output
+      auto x = randn(m * qc.cols, 43), bias = randn(qc.rows, 44);
+      std::vector<float> want(m * ldy, 7.f), mag(m * ldy, 0.f), got(m * ldy);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < qc.rows; ++j) {
+          double sum = bias[j], a = 0;
+          for (int64_t col = 0; col < qc.cols; ++col) {
+            sum += static_cast<double>(x[r * qc.cols + col]) * wd[j * qc.cols + col];
+            a += std::fabs(x[r * qc.cols + col] * wd[j * qc.cols + col]);
+          }
+          want[r * ldy + j] = static_cast<float>(sum);
+          mag[r * ldy + j] = static_cast<float>(a);
+        }
+      Dev dx(x), db(bias), dy(std::vector<float>(m * ldy, 7.f));
+      be->linear_q(dx.as(), pw, db.as(), dy.as(), m, ldy);
+      expect_close(dy.get(), want, 2e-5f, 1e-5f, &mag, "linear_q");  // untouched columns stay 7
+    }
+    std::vector<int32_t> ids{static_cast<int32_t>(qc.rows - 1), 0, static_cast<int32_t>(qc.rows / 2)};
+    Dev di(ids), de(ids.size() * qc.cols * 4);
+    be->embedding_q(di.as<int32_t>(), ids.size(), pw, de.as());
+    std::vector<float> want_e;
+    for (int32_t id : ids) want_e.insert(want_e.end(), wd.begin() + id * qc.cols, wd.begin() + (id + 1) * qc.cols);
+    EXPECT_EQ(de.get(), want_e);
+    be->free(mem);
+  }
+}
+
 // ---- the backend through the seam --------------------------------------------------------------
 
 TEST(CudaBackend, UploadDownloadAndDeviceOps) {

@@ -171,8 +171,16 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
               f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
 }
 
-// num_seqs sequences, each with context ctx of which q_len are new queries this step.
-void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int ctx, DType kv) {
+double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX-512
+
+// num_seqs sequences, each with context ctx of which q_len are new queries this step, SmolLM2's
+// heads (9 query / 3 KV of 64). The cache is filled through store_kv (int8 gets its scales).
+// copies > 1 rotates over that many independent pools, as a step's layers do, so the KV comes
+// from DRAM rather than from a cache still warm from the previous call. Prints µs, GB/s of KV
+// bytes read (values + int8 scales) and that rate as a fraction of the measured DRAM read
+// bandwidth (0 when no probe).
+void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int ctx, DType kv,
+                     int copies = 1, double dram_gbs = 0) {
   const int hd = 64, nkv = 3, nqh = 9, bs = 16;
   const int blocks_per_seq = (ctx + bs - 1) / bs;
   KVLayout L;
@@ -181,11 +189,17 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
   L.num_kv_heads = nkv;
   L.head_dim = hd;
   L.dtype = kv;
-  const size_t cache_elems = static_cast<size_t>(L.num_blocks) * nkv * bs * hd;
-  std::vector<uint8_t> kc(cache_elems * dtype_size(kv)), vc(kc.size());
-  auto kf = randn(cache_elems, 3), vf = randn(cache_elems, 4);
-  convert_from_f32(kf.data(), kc.data(), kv, cache_elems);
-  convert_from_f32(vf.data(), vc.data(), kv, cache_elems);
+  std::vector<std::vector<uint8_t>> kc(copies), vc(copies);
+  const int64_t row = static_cast<int64_t>(nkv) * hd;
+  const int64_t slots = L.slots();
+  std::vector<int64_t> slot_ids(slots);
+  for (int64_t i = 0; i < slots; ++i) slot_ids[i] = i;
+  for (int c = 0; c < copies; ++c) {
+    kc[c].assign(L.bytes(), 0);
+    vc[c].assign(L.bytes(), 0);
+    auto kf = randn(slots * row, 3 + c), vf = randn(slots * row, 4 + c);
+    b.store_kv(kf.data(), vf.data(), row, slot_ids.data(), slots, kc[c].data(), vc[c].data(), L);
+  }
   std::vector<int32_t> tables(num_seqs * blocks_per_seq), ctxs(num_seqs, ctx), cu(num_seqs + 1);
   for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
   for (int s = 0; s <= num_seqs; ++s) cu[s] = s * q_len;
@@ -201,19 +215,44 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
   const int64_t q_stride = static_cast<int64_t>(nqh) * hd;
   auto q = randn(p.num_tokens * q_stride, 5);
   std::vector<float> out(p.num_tokens * q_stride);
+  int next = 0;
   const double us = time_us([&] {
-    b.attention(q.data(), q_stride, kc.data(), vc.data(), L, p, nqh, 0.125f, out.data());
+    b.attention(q.data(), q_stride, kc[next].data(), vc[next].data(), L, p, nqh, 0.125f, out.data());
+    next = (next + 1) % copies;
   });
   // Keys visited: query j of a sequence sees ctx - q_len + j + 1 keys.
   double keys = 0;
   for (int j = 0; j < q_len; ++j) keys += ctx - q_len + j + 1;
   keys *= num_seqs;
+  // Bytes read: every context token's K and V row of every KV head once (the GQA group shares it).
+  const double token_bytes = static_cast<double>(hd) * dtype_size(kv) + (kv == DType::kI8 ? 4 : 0);
+  const double bytes = 2.0 * num_seqs * ctx * nkv * token_bytes;
   char name[96];
-  std::snprintf(name, sizeof(name), "attention %s seqs=%d q=%d ctx=%d %s", label, num_seqs, q_len, ctx,
-                dtype_name(kv));
-  report(name, us, 4.0 * hd * nqh * keys, 2.0 * cache_elems * dtype_size(kv));
+  std::snprintf(name, sizeof(name), "attention %s seqs=%d q=%d ctx=%d %-8s%s", label, num_seqs, q_len, ctx,
+                dtype_name(kv), copies > 1 ? " cold" : " hot ");
+  std::printf("%-52s %10.1f us %9.1f GFLOP/s %8.1f GB/s", name, us, 4.0 * hd * nqh * keys / us * 1e-3,
+              bytes / us * 1e-3);
+  if (dram_gbs > 0) std::printf("  %5.0f%% of DRAM read", 100.0 * bytes / us * 1e-3 / dram_gbs);
+  std::printf("\n");
 }
 
+// Decode attention over the KV pool at the two shapes that matter (batch 64 x ctx ~600, batch 1 x
+// 4k), per KV dtype, hot and cold (rotating over pools totalling >= 256 MB).
+void bench_attention_dtypes(Backend& b) {
+  const double dram = dram_bandwidth_gbs(b.num_threads());
+  if (dram > 0) std::printf("probe %-38s %10.1f GB/s\n", "DRAM read bandwidth (512 MB)", dram);
+  struct Shape { int seqs, ctx; };
+  for (DType kv : {DType::kF32, DType::kBF16, DType::kI8})  // cache resident (<= 1.5 MB): compute
+    bench_attention(b, "decode ", 8, 1, 128, kv, 1, 0);
+  for (Shape sh : {Shape{64, 600}, Shape{1, 4096}}) {
+    for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) {
+      const double pool = 2.0 * sh.seqs * sh.ctx * 3 * 64 * dtype_size(kv);
+      const int copies = static_cast<int>(std::min(64.0, std::max(2.0, std::ceil(256e6 / pool))));
+      bench_attention(b, "decode ", sh.seqs, 1, sh.ctx, kv, 1, dram);
+      bench_attention(b, "decode ", sh.seqs, 1, sh.ctx, kv, copies, dram);
+    }
+  }
+}
 
 // One forward step of SmolLM2-135M's shapes (30 layers, hidden 576, 9/3 heads of 64, inter 1536,
 // vocab 49152) written in backend ops exactly as model/transformer.cpp issues them, on random
@@ -416,8 +455,22 @@ void probes(int T) {
   }
   (void)sink;
 }
+double dram_bandwidth_gbs(int T) {
+  if (cpu::detected_isa() < cpu::Isa::kAvx512) return 0;
+  static double cached = 0;
+  if (cached > 0) return cached;
+  volatile float sink = 0;
+  const size_t n = size_t{512} << 18, per = n / T;
+  float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
+  for (size_t i = 0; i < n; ++i) p[i] = 1.f;
+  const double s = par_best(T, 4, [&](int t) { sink = read_sum(p + t * per, per); });
+  std::free(p);
+  (void)sink;
+  return cached = n * 4.0 / s * 1e-9;
+}
 #else
 void probes(int) { std::printf("probe: x86-64 GCC only\n"); }
+double dram_bandwidth_gbs(int) { return 0; }
 #endif
 
 }  // namespace
@@ -435,7 +488,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-                           "[--only probe|linear|qlinear|attention|step|qstep] [--cpu-time]\n", argv[0]);
+                           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep] [--cpu-time]\n", argv[0]);
       return 2;
     }
   }
@@ -485,6 +538,10 @@ int main(int argc, char** argv) {
     bench_qstep(*b, kQFormats[0]);
     bench_qstep(*b, kQFormats[2]);
   }
+  if (only == "attention-kv") bench_attention_dtypes(*b);
+  if (only == "attention-kv-long") {  // one shape, for profiling: batch 1 x 4096, int8
+    for (int i = 0; i < 10; ++i) bench_attention(*b, "decode ", 1, 1, 4096, DType::kI8);
+  }
   if (only == "attention-decode") {  // one figure, for profiling
     for (int i = 0; i < 20; ++i) bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
   }
@@ -494,6 +551,7 @@ int main(int argc, char** argv) {
   if (want("attention")) {
     bench_attention(*b, "decode ", 16, 1, 512, DType::kF32);
     bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
+    bench_attention(*b, "decode ", 16, 1, 512, DType::kI8);
     bench_attention(*b, "prefill", 1, 512, 512, DType::kF32);
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kF32);
   }

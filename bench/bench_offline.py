@@ -215,14 +215,14 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     import_s = time.perf_counter() - t
     build = fantai_build()  # read now, before anything can replace the file
 
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"kv_cache_dtype": args.kv_cache_dtype}
     if args.kv_cache_memory:
         kw["kv_cache_memory"] = args.kv_cache_memory
     t = time.perf_counter()
     llm = LLM(args.model, dtype=dtype, threads=args.threads, seed=args.seed, **kw)
     load_s = time.perf_counter() - t
     rss_load = current_rss_bytes()
-    log(f"fantai {dtype}: loaded in {load_s:.2f} s ({llm.engine.num_blocks} KV blocks)")
+    log(f"fantai {dtype}: loaded in {load_s:.2f} s ({llm.engine.num_blocks} KV blocks, {llm.kv_cache_dtype} KV)")
 
     def sp(n: int) -> Any:
         return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -254,6 +254,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     log(f"fantai {dtype}: offline {sum(n_out) / wall:.1f} output tok/s")
     return {
         "system": "fantai", "version": getattr(fantai, "__version__", "?"), "build": build, "dtype": dtype,
+        "kv_cache_dtype": llm.kv_cache_dtype,
         "import_s": import_s, "load_s": load_s, "rss_after_load": rss_load,
         "ttft_s": median(ttft), "ttft_all_s": ttft,
         "decode_tok_s": median(decode), "decode_all_tok_s": decode,
@@ -449,6 +450,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-batch", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3, help="single-stream repetitions (median)")
     p.add_argument("--kv-cache-memory", default=None, help="fantai KV pool size, e.g. 2G (default: engine's)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
+                   help="fantai KV cache element type (default: auto, follows the weights)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write all figures to this JSON file")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)

@@ -14,12 +14,38 @@ namespace fantai {
 // Shape of one layer's paged K (or V) cache. Layout: [num_blocks, num_kv_heads, block_size, head_dim],
 // so one head's tokens of one block are contiguous (head_dim-wide rows, block_size of them).
 // slot = block_id * block_size + offset_in_block.
+//
+// int8: the same layout of int8 values, then (at scales_offset(), in the same buffer) f32 scales
+// [num_blocks, num_kv_heads, block_size]: one per (slot, kv head), x ~= q * scale.
+// Why per token and not per block: a per-block scale must grow when a later token of the block
+// has a larger max, which requantizes the earlier tokens; their cached values would then depend
+// on how tokens were split into steps (chunked prefill, batching), and the engine promises that
+// batching and chunking never change tokens. A per-token scale is fixed when the token is stored.
 struct KVLayout {
   int32_t num_blocks = 0;
   int32_t block_size = 16;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   DType dtype = DType::kF32;
+
+  int64_t slots() const { return static_cast<int64_t>(num_blocks) * block_size; }
+  // Bytes of the values (all blocks), and where the int8 scales start (64-byte aligned).
+  size_t data_bytes() const {
+    return static_cast<size_t>(slots()) * num_kv_heads * head_dim * dtype_size(dtype);
+  }
+  size_t scales_offset() const { return (data_bytes() + 63) & ~size_t{63}; }
+  size_t scale_bytes() const {
+    return dtype == DType::kI8 ? static_cast<size_t>(slots()) * num_kv_heads * sizeof(float) : 0;
+  }
+  // Bytes of one layer's K (or V) buffer, scales included.
+  size_t bytes() const { return dtype == DType::kI8 ? scales_offset() + scale_bytes() : data_bytes(); }
+  // Per block: bytes of values and of scales (each contiguous within its region).
+  size_t block_data_bytes() const {
+    return static_cast<size_t>(num_kv_heads) * block_size * head_dim * dtype_size(dtype);
+  }
+  size_t block_scale_bytes() const {
+    return dtype == DType::kI8 ? static_cast<size_t>(num_kv_heads) * block_size * sizeof(float) : 0;
+  }
 };
 
 // Attention metadata, built once per step by the model runner and handed to every layer.
@@ -139,6 +165,7 @@ class Backend {
 
   // Scatters new keys/values into their slots. k, v: [num_tokens, stride] with num_kv_heads *
   // head_dim used floats per row. slot_mapping: [num_tokens]; slot < 0 means skip the token.
+  // k_cache / v_cache are whole layer buffers (layout.bytes(), int8 scales included).
   virtual void store_kv(const float* k, const float* v, int64_t stride,
                         const int64_t* slot_mapping, int64_t num_tokens, void* k_cache,
                         void* v_cache, const KVLayout& layout) = 0;

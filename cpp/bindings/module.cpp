@@ -349,16 +349,17 @@ void bind_model(py::module_& m) {
       .def_property_readonly("backend", [](const Model& mo) { return mo.backend()->name(); })
       .def_property_readonly("device_free_memory", [](const Model& mo) { return mo.backend()->free_memory(); })
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
-      .def("score", [](Model& mo, const std::vector<int32_t>& ids) {
+      .def("score", [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {
+        const DType kv = dtype_from_name(kv_cache_dtype);
         std::vector<float> logits;
         {
           py::gil_scoped_release release;
-          logits = mo.score(ids);
+          logits = mo.score(ids, kv);
         }
         py::array_t<float> out({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(mo.config().vocab_size)});
         std::copy(logits.begin(), logits.end(), out.mutable_data());
         return out;
-      });
+      }, py::arg("ids"), py::arg("kv_cache_dtype") = "float32");
 }
 
 void bind_engine(py::module_& m) {

@@ -104,6 +104,7 @@ class CpuBackend final : public Backend {
   void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
               int64_t n, int64_t k) override {
     FANTAI_REQUIRE(m >= 0 && n >= 0 && k > 0, "linear: bad shape m=" << m << " n=" << n << " k=" << k);
+    FANTAI_REQUIRE(w_dtype != DType::kI8, "linear: int8 is a KV-cache-only dtype");
     if (m == 0 || n == 0) return;
     // Rows in blocks of 64 (x block stays in L2 while weight tiles stream past it); columns in
     // chunks of 16, sized so there are a few tasks per thread for dynamic balance.
@@ -254,14 +255,24 @@ class CpuBackend final : public Backend {
       FANTAI_REQUIRE(slot_mapping[t] < slots, "store_kv: slot " << slot_mapping[t] << " of token "
                                               << t << " is past the cache (" << slots << " slots)");
     const size_t es = dtype_size(L.dtype);
+    const bool i8 = L.dtype == DType::kI8;
+    float* k_scales = i8 ? reinterpret_cast<float*>(static_cast<char*>(k_cache) + L.scales_offset()) : nullptr;
+    float* v_scales = i8 ? reinterpret_cast<float*>(static_cast<char*>(v_cache) + L.scales_offset()) : nullptr;
     for_rows(num_tokens, 2 * L.num_kv_heads * hd, [&](int64_t t) {
       const int64_t slot = slot_mapping[t];
       if (slot < 0) return;
       const int64_t blk = slot / L.block_size, off = slot % L.block_size;
       for (int h = 0; h < L.num_kv_heads; ++h) {
-        const int64_t dst = ((blk * L.num_kv_heads + h) * L.block_size + off) * hd;
-        convert_from_f32(k + t * stride + h * hd, static_cast<char*>(k_cache) + dst * es, L.dtype, hd);
-        convert_from_f32(v + t * stride + h * hd, static_cast<char*>(v_cache) + dst * es, L.dtype, hd);
+        const int64_t row = (blk * L.num_kv_heads + h) * L.block_size + off, dst = row * hd;
+        const float* ks = k + t * stride + h * hd;
+        const float* vs = v + t * stride + h * hd;
+        if (i8) {
+          k_scales[row] = quantize_row_i8(ks, static_cast<int8_t*>(k_cache) + dst, hd);
+          v_scales[row] = quantize_row_i8(vs, static_cast<int8_t*>(v_cache) + dst, hd);
+        } else {
+          convert_from_f32(ks, static_cast<char*>(k_cache) + dst * es, L.dtype, hd);
+          convert_from_f32(vs, static_cast<char*>(v_cache) + dst * es, L.dtype, hd);
+        }
       }
     });
   }
@@ -279,6 +290,7 @@ class CpuBackend final : public Backend {
 
   void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
                  float* out) override {
+    FANTAI_REQUIRE(dtype != DType::kI8, "embedding: int8 is a KV-cache-only dtype");
     const size_t es = dtype_size(dtype);
     const auto fn = k_.to_f32;
     for (int64_t i = 0; i < n; ++i)  // checked here: a throw inside a pool task cannot propagate
@@ -364,6 +376,10 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
         it.k_cache = k_cache;
         it.v_cache = v_cache;
         it.kv_dtype = L.dtype;
+        if (L.dtype == DType::kI8) {
+          it.k_scales = reinterpret_cast<const float*>(static_cast<const char*>(k_cache) + L.scales_offset());
+          it.v_scales = reinterpret_cast<const float*>(static_cast<const char*>(v_cache) + L.scales_offset());
+        }
         it.block_size = L.block_size;
         it.num_kv_heads = L.num_kv_heads;
         it.head_dim = hd;

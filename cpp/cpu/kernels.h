@@ -21,6 +21,9 @@ struct AttnItem {
   const void* k_cache = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim] in kv_dtype
   const void* v_cache = nullptr;
   DType kv_dtype = DType::kF32;
+  // int8 only: [num_blocks, num_kv_heads, block_size] f32 scales of k_cache / v_cache.
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;

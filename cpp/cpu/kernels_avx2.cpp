@@ -49,6 +49,13 @@ struct VT {
   static V load_bf16_n(const uint16_t* p, int n) { return bf16x8(load8_u16_n(p, n)); }
   static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static V load_f16_n(const uint16_t* p, int n) { return _mm256_cvtph_ps(load8_u16_n(p, n)); }
+  static V i8x8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+  static V load_i8(const int8_t* p) { return i8x8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static V load_i8_n(const int8_t* p, int n) {
+    alignas(16) int8_t t[16] = {};
+    __builtin_memcpy(t, p, static_cast<unsigned>(n));
+    return i8x8(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }

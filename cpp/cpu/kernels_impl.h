@@ -22,19 +22,24 @@ constexpr int W = VT::W;
 
 #define FT_INLINE inline __attribute__((always_inline))
 
-// Weight/cache element loads by dtype (DT is the DType value: 0 f32, 1 f16, 2 bf16).
+// Weight/cache element loads by dtype (DT is the DType value: 0 f32, 1 f16, 2 bf16, 3 int8; int8
+// loads give the raw integers as floats, the caller applies the scale).
 template <int DT>
 FT_INLINE V loadw(const void* base, int64_t i) {
   if constexpr (DT == 0) return VT::load(static_cast<const float*>(base) + i);
   else if constexpr (DT == 1) return VT::load_f16(static_cast<const uint16_t*>(base) + i);
-  else return VT::load_bf16(static_cast<const uint16_t*>(base) + i);
+  else if constexpr (DT == 2) return VT::load_bf16(static_cast<const uint16_t*>(base) + i);
+  else return VT::load_i8(static_cast<const int8_t*>(base) + i);
 }
 template <int DT>
 FT_INLINE V loadw_n(const void* base, int64_t i, int n) {
   if constexpr (DT == 0) return VT::load_n(static_cast<const float*>(base) + i, n);
   else if constexpr (DT == 1) return VT::load_f16_n(static_cast<const uint16_t*>(base) + i, n);
-  else return VT::load_bf16_n(static_cast<const uint16_t*>(base) + i, n);
+  else if constexpr (DT == 2) return VT::load_bf16_n(static_cast<const uint16_t*>(base) + i, n);
+  else return VT::load_i8_n(static_cast<const int8_t*>(base) + i, n);
 }
+template <int DT>
+constexpr int elem_bytes() { return DT == 0 ? 4 : DT == 3 ? 1 : 2; }
 
 FT_INLINE float fmax_(float a, float b) { return a > b ? a : b; }
 FT_INLINE int imin_(int a, int b) { return a < b ? a : b; }
@@ -49,7 +54,7 @@ FT_INLINE int imin_(int a, int b) { return a < b ? a : b; }
 template <int R, int C, int DT>
 FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float* y, int64_t ldy,
                         int64_t k, int64_t j, const char* pf = nullptr) {
-  constexpr int kEs = DT == 0 ? 4 : 2, kPfStep = C * W * kEs;
+  constexpr int kEs = elem_bytes<DT>(), kPfStep = C * W * kEs;
   V acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -107,7 +112,7 @@ template <int DT>
 void linear_t(const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t ldy,
               int64_t k, int64_t j0, int64_t j1) {
   constexpr int R = VT::kTileRows, C = VT::kTileCols, C1 = VT::kDecodeCols;
-  constexpr int kEs = DT == 0 ? 4 : 2;
+  constexpr int kEs = elem_bytes<DT>();
   const char* wb = static_cast<const char*>(w);
   int64_t j = j0;
   if (m == 1) {
@@ -143,6 +148,7 @@ void linear(const float* x, const void* w, DType wt, const float* bias, float* y
     case DType::kF32: linear_t<0>(x, w, bias, y, m, ldy, k, j0, j1); return;
     case DType::kF16: linear_t<1>(x, w, bias, y, m, ldy, k, j0, j1); return;
     case DType::kBF16: linear_t<2>(x, w, bias, y, m, ldy, k, j0, j1); return;
+    case DType::kI8: return;  // KV-cache-only type; the backend rejects it before this
   }
 }
 
@@ -248,6 +254,7 @@ void to_f32(const void* src, DType st, float* dst, int64_t n) {
     case DType::kF32: to_f32_t<0>(src, dst, n); return;
     case DType::kF16: to_f32_t<1>(src, dst, n); return;
     case DType::kBF16: to_f32_t<2>(src, dst, n); return;
+    case DType::kI8: return;  // KV-cache-only type; the backend rejects it before this
   }
 }
 
@@ -258,6 +265,9 @@ void to_f32(const void* src, DType st, float* dst, int64_t n) {
 // sum_j p_j (lanes summed in chunk order, then VT::hsum), o = o*exp(m - m') + sum_j p_j v_j (keys
 // in order). Up to 4 heads of a group run together so K and V rows are loaded once for all of
 // them and their chains interleave; that changes no chain.
+// int8 (DT 3): rows are dequantized in registers. A key's scale ks_j multiplies its finished dot
+// product (s_j = (q . kq_j) * ks_j * scale), and a value's scale vs_j folds into its weight
+// (o += (p_j * vs_j) vq_j) while l sums the plain p_j; no dequantized copy is ever written.
 
 FT_INLINE float exp1(float x) {
   alignas(64) float t[W];
@@ -268,8 +278,8 @@ FT_INLINE float exp1(float x) {
 template <int HG, int DT>
 FT_INLINE void attn_step(const float* const* q, float* const* o, float* mx, float* sum,
                          const void* kc, const void* vc, int64_t base, int hd, int nk, float scale,
-                         float* sc /* [HG, bsp] */, int bsp, const char* pk = nullptr,
-                         const char* pv = nullptr, int pf_bytes = 0) {
+                         float* sc /* [HG, bsp] */, int bsp, const float* ks, const float* vs,
+                         const char* pk = nullptr, const char* pv = nullptr, int pf_bytes = 0) {
   const int dv = hd - hd % W, tail = hd - dv;
   const float ninf = -__builtin_inff();
   // Scores. Keys are independent, so consecutive keys' chains overlap in the core.
@@ -298,8 +308,9 @@ FT_INLINE void attn_step(const float* const* q, float* const* o, float* mx, floa
 #pragma GCC unroll 4
       for (int h = 0; h < HG; ++h) acc[h] = VT::fma(VT::load_n(q[h] + dv, tail), kv, acc[h]);
     }
+    const float sj = DT == 3 ? ks[j] * scale : scale;
 #pragma GCC unroll 4
-    for (int h = 0; h < HG; ++h) sc[h * bsp + j] = VT::hsum(acc[h]) * scale;
+    for (int h = 0; h < HG; ++h) sc[h * bsp + j] = VT::hsum(acc[h]) * sj;
   }
   const int nkp = (nk + W - 1) / W * W;
   float corr[HG];
@@ -318,6 +329,9 @@ FT_INLINE void attn_step(const float* const* q, float* const* o, float* mx, floa
     corr[h] = m_old == ninf ? 0.f : exp1(m_old - m_new);
     sum[h] = sum[h] * corr[h] + VT::hsum(ps);
     mx[h] = m_new;
+    if constexpr (DT == 3) {
+      for (int j = 0; j < nk; ++j) s[j] *= vs[j];
+    }
   }
   // Output: KC head_dim chunks x HG heads of accumulators live across the key loop.
   constexpr int KC = VT::kAttnChunks;
@@ -374,11 +388,14 @@ void attention_t(const AttnItem& a, float* scratch) {
   const int last_pos = a.first_pos + nq - 1;
   const int nblocks = last_pos / bs + 1;
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
-  constexpr int kEs = DT == 0 ? 4 : 2;
+  constexpr int kEs = elem_bytes<DT>();
   const int head_bytes = static_cast<int>(head_elems) * kEs;
   for (int b = 0; b < nblocks; ++b) {
     const int64_t base = (static_cast<int64_t>(a.block_table[b]) * a.num_kv_heads + a.kv_head) * head_elems;
     const int start = b * bs;
+    // int8: this (block, head)'s bs scales, contiguous.
+    const float* ks = DT == 3 ? a.k_scales + base / hd : nullptr;
+    const float* vs = DT == 3 ? a.v_scales + base / hd : nullptr;
     // The first query row that visits this block prefetches the next block (K and V of this head).
     const char* pk = nullptr;
     const char* pv = nullptr;
@@ -405,10 +422,10 @@ void attention_t(const AttnItem& a, float* scratch) {
         float* m = mx + i * G + h0;
         float* l = sum + i * G + h0;
         switch (hg) {
-          case 1: attn_step<1, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
-          case 2: attn_step<2, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
-          case 3: attn_step<3, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
-          default: attn_step<4, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
+          case 1: attn_step<1, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
+          case 2: attn_step<2, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
+          case 3: attn_step<3, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
+          default: attn_step<4, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
         }
       }
     }
@@ -428,6 +445,7 @@ void attention(const AttnItem& a, float* scratch) {
     case DType::kF32: attention_t<0>(a, scratch); return;
     case DType::kF16: attention_t<1>(a, scratch); return;
     case DType::kBF16: attention_t<2>(a, scratch); return;
+    case DType::kI8: attention_t<3>(a, scratch); return;
   }
 }
 

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -15,8 +16,16 @@ double elem(const void* base, DType t, int64_t i) {
     case DType::kF32: return static_cast<const float*>(base)[i];
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kI8: break;
   }
-  return 0;
+  FANTAI_THROW("ref: int8 elements need their scale (kv_elem)");
+}
+
+// Element i of a layer's K or V cache as a double; int8 values times their (slot, head) scale.
+double kv_elem(const void* cache, const KVLayout& L, int64_t i) {
+  if (L.dtype != DType::kI8) return elem(cache, L.dtype, i);
+  const float* scales = reinterpret_cast<const float*>(static_cast<const char*>(cache) + L.scales_offset());
+  return static_cast<double>(static_cast<const int8_t*>(cache)[i]) * scales[i / L.head_dim];
 }
 
 void put(void* base, DType t, int64_t i, float v) {
@@ -24,7 +33,9 @@ void put(void* base, DType t, int64_t i, float v) {
     case DType::kF32: static_cast<float*>(base)[i] = v; return;
     case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(v); return;
     case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(v); return;
+    case DType::kI8: break;
   }
+  FANTAI_THROW("ref: int8 rows are stored with quantize_row_i8");
 }
 
 }  // namespace
@@ -80,6 +91,17 @@ void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slo
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
     const int64_t blk = slot / L.block_size, off = slot % L.block_size;
+    if (L.dtype == DType::kI8) {
+      for (int h = 0; h < L.num_kv_heads; ++h) {
+        const int64_t row = (blk * L.num_kv_heads + h) * L.block_size + off;
+        for (auto [src, cache] : {std::pair<const float*, void*>{k, k_cache}, {v, v_cache}}) {
+          float* scales = reinterpret_cast<float*>(static_cast<char*>(cache) + L.scales_offset());
+          scales[row] = quantize_row_i8(src + t * stride + h * L.head_dim,
+                                        static_cast<int8_t*>(cache) + row * L.head_dim, L.head_dim);
+        }
+      }
+      continue;
+    }
     for (int h = 0; h < L.num_kv_heads; ++h)
       for (int d = 0; d < L.head_dim; ++d) {
         const int64_t dst = ((blk * L.num_kv_heads + h) * L.block_size + off) * L.head_dim + d;
@@ -109,7 +131,7 @@ void attention(const float* q, int64_t q_stride, const void* k_cache, const void
         double mx = -std::numeric_limits<double>::infinity();
         for (int t = 0; t <= pos; ++t) {
           double d0 = 0;
-          for (int d = 0; d < hd; ++d) d0 += static_cast<double>(qv[d]) * elem(k_cache, L.dtype, at(t, d));
+          for (int d = 0; d < hd; ++d) d0 += static_cast<double>(qv[d]) * kv_elem(k_cache, L, at(t, d));
           sc[t] = d0 * scale;
           mx = std::max(mx, sc[t]);
         }
@@ -118,7 +140,7 @@ void attention(const float* q, int64_t q_stride, const void* k_cache, const void
         float* o = out + static_cast<int64_t>(q0 + j) * num_q_heads * hd + h * hd;
         for (int d = 0; d < hd; ++d) {
           double a = 0;
-          for (int t = 0; t <= pos; ++t) a += sc[t] * elem(v_cache, L.dtype, at(t, d));
+          for (int t = 0; t <= pos; ++t) a += sc[t] * kv_elem(v_cache, L, at(t, d));
           o[d] = static_cast<float>(a / sum);
         }
       }

@@ -37,6 +37,12 @@ struct VT {
     for (int i = 0; i < n; ++i) r.v[i] = f16_to_f32(p[i]);
     return r;
   }
+  static V load_i8(const int8_t* p) { return load_i8_n(p, W); }
+  static V load_i8_n(const int8_t* p, int n) {
+    V r = zero();
+    for (int i = 0; i < n; ++i) r.v[i] = static_cast<float>(p[i]);
+    return r;
+  }
   // Two roundings (no FMA on the baseline target); fixed, so still batch invariant.
   static V fma(V a, V b, V c) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r; }
   static V add(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }

@@ -53,7 +53,10 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
     const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes
                           : device_free >= 0     ? device_free / 10 * 9
                                                  : default_kv_cache_bytes();
-    num_blocks = static_cast<int32_t>(std::min<int64_t>(bytes / static_cast<int64_t>(per_block), 1 << 30));
+    // Each layer's K and V buffers start 64-byte aligned and int8 scales start aligned after the
+    // values: up to 2 x 63 bytes of padding per buffer, kept out of the blocks' share.
+    const int64_t padding = int64_t{2} * 2 * 64 * mc.num_layers;
+    num_blocks = static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(bytes - padding, 0) / static_cast<int64_t>(per_block), 1 << 30));
   }
   FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block ("
                                       << per_block << " bytes)");

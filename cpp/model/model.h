@@ -52,9 +52,9 @@ class Model {
   // false, computing nothing, when the backend cannot.
   bool forward_greedy(const ForwardBatch& batch, KVCache& cache, int32_t* tokens, float* logprobs);
 
-  // Logits for every position of one sequence, with a private KV cache: [n, vocab_size].
-  // For tests and scoring; the engine never calls it.
-  std::vector<float> score(const std::vector<int32_t>& token_ids);
+  // Logits for every position of one sequence, with a private KV cache of kv_dtype: [n, vocab_size].
+  // For tests and scoring (e.g. the perplexity cost of a KV dtype); the engine never calls it.
+  std::vector<float> score(const std::vector<int32_t>& token_ids, DType kv_dtype = DType::kF32);
 
  private:
   void ensure_workspace(int32_t num_tokens);

@@ -221,11 +221,11 @@ bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* token
   return true;
 }
 
-std::vector<float> Model::score(const std::vector<int32_t>& ids) {
+std::vector<float> Model::score(const std::vector<int32_t>& ids, DType kv_dtype) {
   const int32_t n = static_cast<int32_t>(ids.size());
   FANTAI_REQUIRE(n > 0, "score needs at least one token");
   const int32_t bs = 16, num_blocks = (n + bs - 1) / bs;
-  KVCache cache(config_, num_blocks, bs, DType::kF32, backend_.get());
+  KVCache cache(config_, num_blocks, bs, kv_dtype, backend_.get());
   std::vector<int32_t> positions(n), table(num_blocks), indices(n), cu{0, n}, ctx{n};
   std::vector<int64_t> slots(n);
   for (int32_t i = 0; i < n; ++i) positions[i] = indices[i] = i, slots[i] = i;

@@ -51,6 +51,7 @@ Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend,
                  const std::string& quantization)
     : config_(config), dtype_(dtype), backend_(backend), layers_(config.num_layers),
       quantization_(quantization.empty() ? "none" : quantization) {
+  FANTAI_REQUIRE(dtype != DType::kI8, "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
   FANTAI_REQUIRE(quantization_ == "none" || quantization_ == "int8" || quantization_ == "int4",
                  "unknown quantization '" << quantization << "' (expected none, int8 or int4)");
 }

@@ -56,6 +56,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto",
                    choices=["auto", "float32", "float16", "bfloat16"],
                    help="compute / weight dtype (default: %(default)s, the checkpoint's)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
+                   help="KV cache element type (default: %(default)s: float32 for float32 weights, else "
+                        "bfloat16; int8 stores int8 values with a float32 scale per token and KV head)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of cached prompt prefixes (default: on; "
                         "--no-enable-prefix-caching turns it off)")
@@ -149,6 +152,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "block_size": args.block_size, "seed": args.seed, "threads": args.threads, "device": args.device,
             "enable_prefix_caching": args.enable_prefix_caching,
+            "kv_cache_dtype": args.kv_cache_dtype,
             "chat_template": _chat_template(args.chat_template)}
 
 

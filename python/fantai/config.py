@@ -9,6 +9,24 @@ from fantai import _C
 from fantai.loader import load_model, parse_bytes
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: str) -> str:
+    """The KV pool's element type for a model whose weights are in ``model_dtype``.
+
+    "auto" follows the model's activation precision, as vLLM's "auto" follows the model dtype:
+    float32 KV for float32 weights, bfloat16 KV for bfloat16/float16 or quantized weights (so the
+    parity tests, which load float32 models, keep a float32 cache). "int8" stores int8 values with
+    one float32 scale per token and KV head.
+    """
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {kv_cache_dtype!r}")
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    return "float32" if model_dtype == "float32" else "bfloat16"
+
+
 @dataclass(slots=True)
 class EngineOptions:
     dtype: str = "auto"
@@ -23,9 +41,14 @@ class EngineOptions:
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # fixes the pool in blocks (tests, experiments)
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | int8; see resolve_kv_cache_dtype
     device: str = "cpu"  # backend: "cpu", "cuda" or "cuda:N"
 
-    def core_config(self, eos_token_ids: list[int], device_free_bytes: int = -1) -> _C.EngineConfig:
+    def __post_init__(self) -> None:
+        resolve_kv_cache_dtype(self.kv_cache_dtype, "float32")  # a bad name fails before the model loads
+
+    def core_config(self, eos_token_ids: list[int], model_dtype: str = "float32",
+                    device_free_bytes: int = -1) -> _C.EngineConfig:
         c = _C.EngineConfig()
         c.block_size = self.block_size
         c.max_num_seqs = self.max_num_seqs
@@ -37,6 +60,7 @@ class EngineOptions:
         c.num_blocks = self.num_kv_blocks or 0
         c.kv_cache_bytes = self.kv_bytes(device_free_bytes)
         c.enable_prefix_caching = self.enable_prefix_caching
+        c.kv_cache_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, model_dtype)
         return c
 
     def kv_bytes(self, device_free_bytes: int = -1) -> int:
@@ -74,7 +98,9 @@ class CoreHolder:
         self.load_seconds = loaded.load_seconds
         self.chat_template = chat_template
         self._model = loaded.model
-        self.engine = _C.Engine(loaded.model, options.core_config(self.tokenizer.eos_token_ids,
-                                                                  loaded.model.device_free_memory))
+        config = options.core_config(self.tokenizer.eos_token_ids, loaded.model.dtype,
+                                     loaded.model.device_free_memory)
+        self.kv_cache_dtype: str = config.kv_cache_dtype  # resolved: never "auto"
+        self.engine = _C.Engine(loaded.model, config)
         self.max_model_len: int = self.engine.max_model_len
         self.vocab_size: int = loaded.model.config.vocab_size

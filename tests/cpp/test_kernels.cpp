@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/check.h"
@@ -236,8 +237,7 @@ struct AttnFixture {
     max_blocks = 0;
     for (int x : ctx) max_blocks = std::max(max_blocks, (x + c.block_size - 1) / c.block_size);
     L.num_blocks = ns * max_blocks + 3;
-    const size_t bytes = static_cast<size_t>(L.num_blocks) * c.num_kv_heads * c.block_size *
-                         c.head_dim * dtype_size(c.kv);
+    const size_t bytes = L.bytes();  // int8: scales after the values
     kc.assign(bytes, 0);
     vc.assign(bytes, 0);
     // Physical blocks shuffled so logical order != physical order.
@@ -274,13 +274,13 @@ struct AttnFixture {
 };
 
 TEST_P(Kernels, StoreKvMatchesReference) {
-  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
     KVLayout L{6, 8, 3, 32, dt};
     const int T = 11;
     const int64_t stride = 3 * 32 * 3 + 4;
     auto kv = randn(T * stride, 61);
     std::vector<int64_t> slots = {0, 5, -1, 47, 8, 9, 23, -1, 30, 31, 16};
-    const size_t bytes = 6 * 3 * 8 * 32 * dtype_size(dt);
+    const size_t bytes = L.bytes();
     std::vector<uint8_t> k1(bytes, 0), v1(bytes, 0), k2(bytes, 0), v2(bytes, 0);
     be(2)->store_kv(kv.data(), kv.data() + 96, stride, slots.data(), T, k1.data(), v1.data(), L);
     ref::store_kv(kv.data(), kv.data() + 96, stride, slots.data(), T, k2.data(), v2.data(), L);
@@ -294,9 +294,111 @@ TEST_P(Kernels, StoreKvMatchesReference) {
                InvalidArgument);
 }
 
+// int8 KV: per (slot, head) scale max|x| / 127, values rounded half to even, every stored value
+// within half a step of its input, and the scales laid out after the values.
+TEST_P(Kernels, StoreKvInt8RoundsPerTokenPerHead) {
+  const int hd = 80, kvh = 2, bs = 8;
+  KVLayout L{3, bs, kvh, hd, DType::kI8};
+  ASSERT_EQ(L.scales_offset() % 64, 0u);
+  ASSERT_GE(L.scales_offset(), L.data_bytes());
+  ASSERT_EQ(L.bytes(), L.scales_offset() + 3 * kvh * bs * sizeof(float));
+  const int T = 5;
+  const int64_t stride = kvh * hd;
+  auto k = randn(T * stride, 7, 3.f), v = randn(T * stride, 8, 0.1f);
+  // Token 0, head 0: ties that round half to even with scale exactly 1 (max 127).
+  const float ties[6] = {127.f, 0.5f, 1.5f, 2.5f, -0.5f, -3.5f};
+  const int8_t want_ties[6] = {127, 0, 2, 2, 0, -4};
+  for (int d = 0; d < hd; ++d) k[d] = d < 6 ? ties[d] : 0.f;
+  for (int d = 0; d < hd; ++d) v[stride + hd + d] = 0.f;  // an all-zero row: scale 0
+  std::vector<int64_t> slots = {3, 8, 23, -1, 12};
+  std::vector<uint8_t> kc(L.bytes(), 0), vc(L.bytes(), 0);
+  be(2)->store_kv(k.data(), v.data(), stride, slots.data(), T, kc.data(), vc.data(), L);
+  const auto* kq = reinterpret_cast<const int8_t*>(kc.data());
+  const auto* vq = reinterpret_cast<const int8_t*>(vc.data());
+  const auto* ksc = reinterpret_cast<const float*>(kc.data() + L.scales_offset());
+  const auto* vsc = reinterpret_cast<const float*>(vc.data() + L.scales_offset());
+  for (int d = 0; d < 6; ++d) EXPECT_EQ(kq[3 * hd + d], want_ties[d]) << d;
+  EXPECT_EQ(ksc[3], 1.f);
+  for (int t = 0; t < T; ++t) {
+    if (slots[t] < 0) continue;
+    const int64_t blk = slots[t] / bs, off = slots[t] % bs;
+    for (int h = 0; h < kvh; ++h) {
+      const int64_t row = (blk * kvh + h) * bs + off;
+      for (auto [src, q, sc] : {std::tuple{k.data(), kq, ksc}, std::tuple{v.data(), vq, vsc}}) {
+        const float* x = src + t * stride + h * hd;
+        float amax = 0.f;
+        for (int d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[d]));
+        ASSERT_EQ(sc[row], amax / 127.f) << "token " << t << " head " << h;
+        int peak = 0;
+        for (int d = 0; d < hd; ++d) {
+          peak = std::max(peak, std::abs(static_cast<int>(q[row * hd + d])));
+          EXPECT_LE(std::fabs(q[row * hd + d] * sc[row] - x[d]), 0.5f * sc[row] * (1 + 1e-6f) + 1e-30f);
+        }
+        EXPECT_EQ(peak, amax > 0 ? 127 : 0);
+      }
+    }
+  }
+  EXPECT_EQ(vsc[(1 * kvh + 1) * bs + 0], 0.f);  // token 1 (slot 8), head 1 of V: all zeros
+}
+
 std::vector<AttnCase> attn_cases() {
   return {{64, 1, 2, 16, DType::kF32}, {64, 3, 3, 16, DType::kF32}, {32, 4, 2, 8, DType::kF32},
-          {32, 3, 1, 8, DType::kBF16}, {64, 4, 1, 16, DType::kF16}, {40, 1, 1, 8, DType::kF32}};
+          {32, 3, 1, 8, DType::kBF16}, {64, 4, 1, 16, DType::kF16}, {40, 1, 1, 8, DType::kF32},
+          {64, 3, 3, 16, DType::kI8},  {80, 4, 2, 8, DType::kI8},   {96, 1, 2, 16, DType::kI8},
+          {64, 4, 1, 8, DType::kI8},   {40, 3, 1, 16, DType::kI8}};
+}
+
+// int8 attention against the f32 reference on the unquantized K/V: within a bound derived from
+// the rounding alone. Per (row, head): each score moves by at most e = scale * sum|q| * s_k / 2,
+// so each softmax weight by a factor within exp(+-2 E) (E = max over keys), and each value by
+// s_v / 2: |dout| <= (exp(2E) - 1) * max|v| + max s_v / 2.
+TEST_P(Kernels, Int8AttentionWithinQuantizationBound) {
+  Batch B;
+  for (const AttnCase c : {AttnCase{64, 3, 3, 16, DType::kI8}, AttnCase{96, 4, 2, 8, DType::kI8}}) {
+    AttnFixture f8(c, B.ctx, 33);
+    AttnCase c32 = c;
+    c32.kv = DType::kF32;
+    AttnFixture f32(c32, B.ctx, 33);  // same seed: same K/V values and block tables
+    std::vector<int32_t> cu;
+    const auto p = f8.params(B.qlen, cu);
+    const int hd = c.head_dim, nh = f8.nq_heads;
+    const int64_t q_stride = static_cast<int64_t>(nh) * hd;
+    auto q = randn(p.num_tokens * q_stride, 34);
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    std::vector<float> got(p.num_tokens * q_stride), want(got.size());
+    be(2)->attention(q.data(), q_stride, f8.kc.data(), f8.vc.data(), f8.L, p, nh, scale, got.data());
+    ref::attention(q.data(), q_stride, f32.kc.data(), f32.vc.data(), f32.L, p, nh, scale, want.data());
+    const auto* ksc = reinterpret_cast<const float*>(f8.kc.data() + f8.L.scales_offset());
+    const auto* vsc = reinterpret_cast<const float*>(f8.vc.data() + f8.L.scales_offset());
+    const auto* vf = reinterpret_cast<const float*>(f32.vc.data());
+    double worst = 0, max_err = 0;
+    for (int s = 0; s < p.num_seqs; ++s)
+      for (int j = 0; j < B.qlen[s]; ++j) {
+        const int row = cu[s] + j, pos = B.ctx[s] - B.qlen[s] + j;
+        for (int h = 0; h < nh; ++h) {
+          const int g = h / c.group;
+          double ql1 = 0, E = 0, vmax = 0, vs = 0;
+          for (int d = 0; d < hd; ++d) ql1 += std::fabs(q[row * q_stride + h * hd + d]);
+          for (int t = 0; t <= pos; ++t) {
+            const int64_t r = (static_cast<int64_t>(f8.tables[s * f8.max_blocks + t / c.block_size]) * c.num_kv_heads + g) *
+                                  c.block_size + t % c.block_size;
+            E = std::max(E, scale * ql1 * ksc[r] / 2);
+            vs = std::max(vs, vsc[r] / 2.0);
+            for (int d = 0; d < hd; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(vf[r * hd + d])));
+          }
+          const double bound = std::expm1(2 * E) * vmax + vs + 1e-5;
+          for (int d = 0; d < hd; ++d) {
+            const double err = std::fabs(got[row * q_stride + h * hd + d] - want[row * q_stride + h * hd + d]);
+            ASSERT_LE(err, bound) << "seq " << s << " row " << j << " head " << h << " d " << d;
+            worst = std::max(worst, err / bound);
+            max_err = std::max(max_err, err);
+          }
+        }
+      }
+    // The bound is loose but must not be vacuous: quantization does move the outputs.
+    EXPECT_GT(max_err, 1e-4) << "int8 attention equals f32: was the cache quantized?";
+    RecordProperty("worst_error_over_bound", std::to_string(worst));
+  }
 }
 
 TEST_P(Kernels, AttentionMatchesReference) {

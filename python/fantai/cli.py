@@ -64,6 +64,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "--no-enable-prefix-caching turns it off)")
     p.add_argument("--seed", type=int, default=0,
                    help="engine seed for requests without their own (default: %(default)s)")
+    p.add_argument("--device", default="cpu", metavar="DEVICE",
+                   help="where the model runs: cpu, cuda or cuda:N (needs a CUDA build and an NVIDIA GPU; "
+                        "default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the model (default: all cores)")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
@@ -147,7 +150,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "kv_cache_memory": args.kv_cache_memory,
             "memory_utilization": args.memory_utilization, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
-            "block_size": args.block_size, "seed": args.seed, "threads": args.threads,
+            "block_size": args.block_size, "seed": args.seed, "threads": args.threads, "device": args.device,
             "enable_prefix_caching": args.enable_prefix_caching,
             "kv_cache_dtype": args.kv_cache_dtype,
             "chat_template": _chat_template(args.chat_template)}

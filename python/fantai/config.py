@@ -23,6 +23,8 @@ class EngineOptions:
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # fixes the pool in blocks (tests, experiments)
     enable_prefix_caching: bool = True
+    quantization: str = "none"  # online RTN of dense linear weights: "none" | "int8" | "int4"
+    dequantize: bool = False  # load a GGUF's quantized tensors as dense `dtype` weights (references)
 
     def core_config(self, eos_token_ids: list[int]) -> _C.EngineConfig:
         c = _C.EngineConfig()
@@ -63,7 +65,8 @@ class CoreHolder:
     """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
 
     def __init__(self, model: str | None, options: EngineOptions, chat_template: str | None) -> None:
-        loaded = load_model(model, options.dtype, options.threads)
+        loaded = load_model(model, options.dtype, options.threads, quantization=options.quantization,
+                            dequantize=options.dequantize)
         self.options = options
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer

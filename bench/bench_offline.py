@@ -219,6 +219,10 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     if args.kv_cache_memory:
         kw["kv_cache_memory"] = args.kv_cache_memory
     t = time.perf_counter()
+    if args.quantization != "none":
+        kw["quantization"] = args.quantization
+    if args.dequantize:
+        kw["dequantize"] = True
     llm = LLM(args.model, dtype=dtype, threads=args.threads, seed=args.seed, **kw)
     load_s = time.perf_counter() - t
     rss_load = current_rss_bytes()
@@ -255,6 +259,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     return {
         "system": "fantai", "version": getattr(fantai, "__version__", "?"), "build": build, "dtype": dtype,
         "import_s": import_s, "load_s": load_s, "rss_after_load": rss_load,
+        "quantization": args.quantization, "dequantize": args.dequantize, "weight_bytes": _weight_bytes(llm._model),
         "ttft_s": median(ttft), "ttft_all_s": ttft,
         "decode_tok_s": median(decode), "decode_all_tok_s": decode,
         "decode_tok_s_diff": out_len / (median(t_full) - median(ttft)),
@@ -264,6 +269,11 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
         "offline_total_tok_s": (n_prompt + sum(n_out)) / wall,
         "peak_rss": peak_rss_bytes(), **r,
     }
+
+
+def _weight_bytes(model: Any) -> int:
+    value = model.weight_bytes
+    return int(value() if callable(value) else value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,7 +446,7 @@ def run_worker(spec: str, args: argparse.Namespace, workload_path: str) -> dict[
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help="GGUF file or HF folder (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--min-prompt", type=int, default=64)
@@ -450,6 +460,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="single-stream repetitions (median)")
     p.add_argument("--kv-cache-memory", default=None, help="fantai KV pool size, e.g. 2G (default: engine's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                   help="fantai: online quantization of dense linear weights")
+    p.add_argument("--dequantize", action="store_true",
+                   help="fantai: load the GGUF's quantized tensors dense (the unquantized reference)")
     p.add_argument("--json", default=None, help="write all figures to this JSON file")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_workload", default=None, help=argparse.SUPPRESS)

@@ -16,7 +16,9 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(dtype="float32", kv_cache_memory="256M")
+    # Dequantized to f32 like transformers' GGUF reader does; the quantized path is checked against
+    # this dense one in test_default_model_quant.py.
+    return LLM(dtype="float32", kv_cache_memory="256M", dequantize=True)
 
 
 @pytest.fixture(scope="module")

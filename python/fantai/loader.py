@@ -7,6 +7,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fantai import _C
 from fantai.model_files import is_gguf_file, resolve_model
@@ -69,7 +70,7 @@ def load_model(
 
 def _load_gguf(path: str, dtype: str, threads: int, backend: str, quantization: str,
                dequantize: bool) -> tuple[_C.Model, Tokenizer]:
-    from fantai.weights.gguf_loader import DENSE_TYPES, dequantize_raw, load_gguf
+    from fantai.weights.gguf_loader import load_gguf
 
     gguf = load_gguf(path)
     if dtype == "auto" and gguf.is_quantized():
@@ -77,20 +78,30 @@ def _load_gguf(path: str, dtype: str, threads: int, backend: str, quantization: 
         # kernels convert in registers, and half of f32's bandwidth.
         dtype = "bfloat16"
     core = _C.Model.create(json.dumps(gguf.config), dtype, backend, threads, quantization)
-    for t in gguf.raw_tensors():
-        if t.ndim == 1 or (dequantize and t.ggml_type not in DENSE_TYPES):
-            dense = _C.ggml_dequantize(t.data, t.ggml_type, t.rows, t.cols) if t.ndim > 1 else (
-                dequantize_raw(t.data, t.ggml_type, (t.cols,)))
-            if t.row_perm is not None:
-                dense = dense[t.row_perm]
-            core.set_tensor(t.hf_name, dense)
-        else:
-            core.set_tensor_ggml(t.hf_name, t.data, t.ggml_type, t.rows, t.cols, t.row_perm)
+    _send_gguf_tensors(core, gguf, dequantize, quantization != "none")
     core.finalize()
     tokenizer = Tokenizer.from_gguf_metadata(gguf.tokenizer_metadata, gguf.eos_token_ids)
-    del gguf
+    gguf.close()
     _return_freed_heap()
     return core, tokenizer
+
+
+def _send_gguf_tensors(core: _C.Model, gguf: Any, dequantize: bool, online_quantization: bool) -> None:
+    """Raw bytes (views of the mapping) to the core; 1-D tensors and dequantized references dense,
+    and F32/F16/BF16 matrices too when the core quantizes dense weights at load."""
+    from fantai.weights.gguf_loader import DENSE_TYPES, dequantize_raw
+
+    for t in gguf.raw_tensors():
+        if t.ndim == 1:
+            dense = dequantize_raw(t.data, t.ggml_type, (t.cols,))
+        elif dequantize and t.ggml_type not in DENSE_TYPES:
+            dense = _C.ggml_dequantize(t.data, t.ggml_type, t.rows, t.cols)
+        elif online_quantization and t.ggml_type in DENSE_TYPES:
+            dense = dequantize_raw(t.data, t.ggml_type, (t.rows, t.cols))
+        else:
+            core.set_tensor_ggml(t.hf_name, t.data, t.ggml_type, t.rows, t.cols, t.row_perm)
+            continue
+        core.set_tensor(t.hf_name, dense if t.row_perm is None else dense[t.row_perm])
 
 
 def _return_freed_heap() -> None:

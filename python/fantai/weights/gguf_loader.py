@@ -219,6 +219,10 @@ class GGUFModel:
         for gguf_name, hf_name in self.tensor_names():
             yield hf_name, self.tensor(gguf_name)
 
+    def close(self) -> None:
+        """Unmaps the file (its pages stop counting as resident once the core holds its copy)."""
+        self._file.close()
+
     def raw_tensors(self) -> Iterator[RawTensor]:
         """Every mapped tensor as raw bytes + type + the q/k row permutation: nothing dequantized."""
         for gguf_name, hf_name in self.tensor_names():

@@ -119,7 +119,7 @@ def quantize_model(model: str | None, output: str, fmt: str, bits: int = 4, grou
             out.update({f"{prefix}.{k}": v for k, v in packed.items()})
             n_quantized += 1
         else:
-            out[name] = w.astype(np.float16)
+            out[name] = np.ascontiguousarray(w, dtype=np.float16)
     if n_quantized == 0:
         raise ValueError(f"{src}: no linear layer weights found to quantize")
     os.makedirs(output, exist_ok=True)

@@ -99,7 +99,7 @@ def _gptq_module(rng: np.random.Generator, out: int, k: int, bits: int, group: i
     g_idx = np.empty(k, np.int32)
     g_idx[perm] = np.arange(k) // g
     stored_zero = ((zero.astype(np.int32) - 1) & ((1 << bits) - 1)) if v1 else zero
-    scales = scale.T.astype(np.float16)
+    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
     tensors = {"qweight": gptq_pack_ref(np.ascontiguousarray(q.T), bits),
                "qzeros": gptq_pack_cols_ref(np.ascontiguousarray(stored_zero.T).astype(np.uint8), bits),
                "scales": scales, "g_idx": g_idx}
@@ -109,7 +109,7 @@ def _gptq_module(rng: np.random.Generator, out: int, k: int, bits: int, group: i
 def _awq_module(rng: np.random.Generator, out: int, k: int, group: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     w = rng.standard_normal((out, k)).astype(np.float32)
     q, scale, zero = rtn_ref(w, 4, group, False)
-    scales = scale.T.astype(np.float16)
+    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
     tensors = {"qweight": awq_pack_ref(np.ascontiguousarray(q.T)), "qzeros": awq_pack_ref(np.ascontiguousarray(zero.T)),
                "scales": scales}
     return tensors, awq_unpack_ref(tensors["qweight"], tensors["qzeros"], scales, group)
@@ -337,7 +337,7 @@ def _gptq_quantize_given(rng: np.random.Generator, w: np.ndarray, bits: int, gro
     g_idx = np.empty(k, np.int32)
     g_idx[perm] = np.arange(k) // g
     stored = ((zero.astype(np.int32) - 1) & ((1 << bits) - 1)).astype(np.uint8)
-    scales = scale.T.astype(np.float16)
+    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
     t = {"qweight": gptq_pack_ref(np.ascontiguousarray(q.T), bits),
          "qzeros": gptq_pack_cols_ref(np.ascontiguousarray(stored.T), bits), "scales": scales, "g_idx": g_idx}
     return t, gptq_unpack_ref(t["qweight"], t["qzeros"], scales, g_idx, bits, True)
@@ -345,7 +345,7 @@ def _gptq_quantize_given(rng: np.random.Generator, w: np.ndarray, bits: int, gro
 
 def _awq_quantize_given(w: np.ndarray, group: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     q, scale, zero = rtn_ref(w, 4, group, False)
-    scales = scale.T.astype(np.float16)
+    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
     t = {"qweight": awq_pack_ref(np.ascontiguousarray(q.T)), "qzeros": awq_pack_ref(np.ascontiguousarray(zero.T)),
          "scales": scales}
     return t, awq_unpack_ref(t["qweight"], t["qzeros"], scales, group)
@@ -532,3 +532,166 @@ def test_eval_perplexity_cli(tmp_path: Path) -> None:
              "--quantization", "int8")
     assert q["weight_bytes"] < res["weight_bytes"]
     assert abs(math.log(q["perplexity"]) - math.log(res["perplexity"])) < 0.05
+
+
+# ---- the loaders' calls, recorded by a stand-in core (runs without the C++ half) ------------
+class _RecordingModel:
+    """Takes what the loaders hand the core per the binding contract; keeps it dense."""
+
+    def __init__(self) -> None:
+        self.dense: dict[str, np.ndarray] = {}
+        self.kinds: dict[str, str] = {}
+        self.finalized = False
+
+    def set_tensor(self, name: str, array: np.ndarray, dtype: str = "") -> None:
+        a = np.asarray(array)
+        if dtype == "bfloat16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        self.dense[name], self.kinds[name] = a.astype(np.float32), "dense"
+
+    def set_tensor_quant(self, name: str, q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None,
+                         mn: np.ndarray | None, perm: np.ndarray | None, bits: int, group: int) -> None:
+        assert q.dtype == np.uint8 and scale.dtype == np.float32 and q.flags.c_contiguous
+        assert zero is None or (zero.dtype == np.uint8 and zero.shape == scale.shape)
+        assert perm is None or (perm.dtype == np.int32 and perm.shape == (q.shape[1],))
+        assert scale.shape == (q.shape[0], -(-q.shape[1] // group)) and int(q.max()) < (1 << bits)
+        z = np.zeros(scale.shape, np.uint8) if zero is None else zero
+        self.dense[name] = ga.CanonicalWeight(q, scale, z, perm, bits, group).dequantize()
+        self.kinds[name] = f"q{bits}"
+
+    def set_tensor_ggml(self, name: str, data: np.ndarray, ggml_type: int, rows: int, cols: int,
+                        row_perm: np.ndarray | None = None) -> None:
+        assert data.dtype == np.uint8 and data.ndim == 1 and not data.flags.owndata  # a view, no copy
+        w = ggml_dequantize_ref(data, ggml_type, rows, cols)
+        self.dense[name] = w if row_perm is None else w[row_perm]
+        self.kinds[name] = str(ggml_type)
+
+    def finalize(self) -> None:
+        self.finalized = True
+
+
+class _RecordingCore:
+    class Model:
+        last: _RecordingModel | None = None
+
+        @staticmethod
+        def create(config_json: str, dtype: str, backend: str, threads: int, quantization: str = "none"
+                   ) -> _RecordingModel:
+            json.loads(config_json)
+            _RecordingCore.Model.last = _RecordingModel()
+            return _RecordingCore.Model.last
+
+
+@pytest.mark.parametrize(("fmt", "bits", "group", "sym", "act_order"), CHECKPOINTS)
+def test_checkpoint_loader_hands_the_core_its_dense_twin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         fmt: str, bits: int, group: int, sym: bool,
+                                                         act_order: bool) -> None:
+    import fantai
+    from safetensors.numpy import load_file
+
+    src = build_tiny_model(tmp_path / "src", hidden=64, inter=160)
+    qdir, ddir = tmp_path / "q", tmp_path / "dense"
+    _write_quantized_twin(src, qdir, ddir, fmt, bits, group, sym, act_order)
+    monkeypatch.setattr(fantai, "_C", _RecordingCore)
+    qc = ga.read_quantization_config(str(qdir))
+    assert qc is not None and qc["quant_method"] == fmt
+    model = ga.load_quantized_checkpoint(str(qdir), qc, "float32", "cpu", 1)
+    twin = load_file(str(ddir / "model.safetensors"))
+    assert model.finalized and set(model.dense) == set(twin)
+    assert sum(k.startswith("q") for k in model.kinds.values()) == 2 * len(LINEARS)
+    for name, w in twin.items():
+        assert _bits_equal(model.dense[name], w), name
+
+
+def test_gguf_loader_hands_the_core_raw_blocks_and_row_permutation(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from fantai import loader
+    from fantai.weights.gguf_loader import load_gguf
+
+    path = tmp_path / "kq.gguf"
+    _k_quant_gguf(path)
+    monkeypatch.setattr(loader, "_C", _RecordingCore)
+    gguf = load_gguf(str(path))
+    core = _RecordingCore.Model.create(json.dumps(gguf.config), "float32", "cpu", 1)
+    loader._send_gguf_tensors(core, gguf, dequantize=False, online_quantization=False)
+    assert core.kinds["model.layers.0.self_attn.q_proj.weight"] == str(Q4_K)
+    assert core.kinds["model.layers.0.input_layernorm.weight"] == "dense"
+    for gname, hf_name in gguf.tensor_names():
+        # gguf-py's dequantization with the dense un-permutation == raw blocks + row_perm
+        assert _bits_equal(core.dense[hf_name], gguf.tensor(gname).astype(np.float32)), hf_name
+    q = core.dense["model.layers.0.self_attn.q_proj.weight"]
+    assert not np.array_equal(q, gguf.raw_dequantized("blk.0.attn_q.weight"))  # the permutation was applied
+
+
+class _RecordingCoreWithRTN(_RecordingCore):
+    @staticmethod
+    def quantize_rtn(w: np.ndarray, bits: int, group: int, symmetric: bool) -> dict[str, np.ndarray]:
+        q, scale, zero = rtn_ref(w, bits, group, symmetric)
+        return {"q": q, "scale": scale, "zero": zero}
+
+
+@pytest.mark.parametrize(("fmt", "bits", "group", "sym"), [("gptq", 4, 32, True), ("gptq", 8, -1, False),
+                                                          ("gptq", 4, 32, False), ("awq", 4, 32, False)])
+def test_quantize_writer_layout_round_trips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, bits: int,
+                                            group: int, sym: bool) -> None:
+    """fantai quantize's files, read by the reference unpackers and by the checkpoint loader, give
+    the round-to-nearest weights (f16 scales) of the source; the rest is the source in f16."""
+    import fantai
+    from fantai.quantize import quantize_model
+    from safetensors.numpy import load_file
+
+    monkeypatch.setattr(fantai, "_C", _RecordingCoreWithRTN)
+    src = build_tiny_model(tmp_path / "src", hidden=64, inter=160)
+    out = tmp_path / "out"
+    summary = quantize_model(str(src), str(out), fmt, bits, group, sym)
+    assert summary["quantized_linears"] == 2 * len(LINEARS)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == fmt and cfg["torch_dtype"] == "float16"
+    src_state, state = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    model = ga.load_quantized_checkpoint(str(out), ga.read_quantization_config(str(out)), "auto", "cpu", 1)
+    for name, w in src_state.items():
+        prefix = name[: -len(".weight")]
+        if name.split(".")[-2] not in LINEARS:
+            assert state[name].dtype == np.float16 and np.array_equal(model.dense[name], w.astype(np.float16))
+            continue
+        q, scale, zero = rtn_ref(w, bits, group, sym)
+        cols = np.arange(w.shape[1]) // (w.shape[1] if group == -1 else group)
+        expect = scale.astype(np.float16).astype(np.float32)[:, cols] * (q.astype(np.float32)
+                                                                          - zero[:, cols].astype(np.float32))
+        if fmt == "gptq":
+            got = gptq_unpack_ref(state[prefix + ".qweight"], state[prefix + ".qzeros"], state[prefix + ".scales"],
+                                  state[prefix + ".g_idx"], bits, True)
+            assert state[prefix + ".qweight"].shape == (w.shape[1] * bits // 32, w.shape[0])
+        else:
+            got = awq_unpack_ref(state[prefix + ".qweight"], state[prefix + ".qzeros"], state[prefix + ".scales"],
+                                 group)
+            assert state[prefix + ".qweight"].shape == (w.shape[1], w.shape[0] // 8)
+        assert _bits_equal(model.dense[name], got), name
+        if fmt == "gptq" and not sym:
+            # zeros of 0 are stored as 1 (v1 readers add 1 back unmasked): codes move up one step,
+            # so only a group's top code can lose one step
+            step = scale.astype(np.float16).astype(np.float32)[:, cols]
+            assert np.all(np.abs(got - expect) <= step * 1.0001), name
+        else:
+            assert _bits_equal(got, expect), name
+
+
+def test_quantize_writes_tokenizer_from_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fantai
+    from fantai.model_files import default_model_path
+    from fantai.quantize import write_gguf_tokenizer
+    from fantai.tokenizer import Tokenizer
+    from fantai.weights.gguf_loader import load_gguf
+
+    gguf = load_gguf(default_model_path())
+    write_gguf_tokenizer(gguf, str(tmp_path))
+    ours = Tokenizer.from_hf_dir(str(tmp_path))
+    original = Tokenizer.from_gguf_metadata(gguf.tokenizer_metadata, gguf.eos_token_ids)
+    text = "Hello, world! 12345 <|im_start|>user\nÜber naïve café<|im_end|>"
+    assert ours.encode(text) == original.encode(text)
+    assert ours.eos_token_ids[0] == original.eos_token_ids[0] and ours.bos_token_id == original.bos_token_id
+    assert ours.chat_template == original.chat_template
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf(text, add_special_tokens=False)["input_ids"] == original.encode(text, add_special_tokens=False)

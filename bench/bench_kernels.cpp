@@ -24,6 +24,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
+#include "model/quant_formats.h"
 
 using namespace fantai;
 
@@ -88,6 +89,86 @@ void bench_linear(Backend& b, int64_t m, int64_t n, int64_t k, DType wt) {
                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   const double bytes = static_cast<double>(n) * k * dtype_size(wt) + 4.0 * (m * k + m * n);
   report(name, us, 2.0 * m * n * k, bytes);
+}
+
+// ---- quantized weights ---------------------------------------------------------------------------
+// A random matrix in one of the formats the loaders produce, packed by the backend.
+struct QFormat { const char* name; int bits, group, zero_point; bool min; };
+const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},  {"q4_0", 4, 32, 8, false}, {"q8_0", 8, 32, 128, false},
+                             {"q4_k", 4, 32, 0, true},  {"q6_k", 8, 16, 32, false}, {"int8", 8, 0, 128, false}};
+
+struct QWeight {
+  void* mem = nullptr;
+  Backend* b = nullptr;
+  QuantMatrix w;
+  size_t bytes = 0;
+  QWeight() = default;
+  QWeight(Backend& be, const QFormat& f, int64_t rows, int64_t cols, uint32_t seed) : b(&be) {
+    model::QuantTensor t;
+    t.bits = f.bits;
+    t.group = f.group ? f.group : static_cast<int32_t>(cols);
+    t.rows = rows;
+    t.cols = cols;
+    t.zero_point = f.zero_point;
+    const int64_t ng = (cols + t.group - 1) / t.group;
+    std::mt19937 g(seed);
+    t.q.resize(rows * cols);
+    for (auto& v : t.q) v = static_cast<uint8_t>(g() & ((1u << f.bits) - 1));
+    t.scale.assign(rows * ng, 0.01f);
+    if (f.min) t.min.assign(rows * ng, -0.05f);
+    bytes = be.quant_packed_bytes(t.view());
+    mem = be.alloc(bytes);
+    w = be.pack_quant(t.view(), mem);
+  }
+  QWeight(QWeight&& o) noexcept : mem(o.mem), b(o.b), w(o.w), bytes(o.bytes) { o.mem = nullptr; }
+  QWeight& operator=(QWeight&& o) noexcept {
+    std::swap(mem, o.mem); std::swap(b, o.b); std::swap(w, o.w); std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~QWeight() { if (mem) b->free(mem); }
+};
+
+void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t k) {
+  QWeight w(b, f, n, k, 3);
+  auto x = randn(m * k, 1);
+  std::vector<float> y(m * n);
+  const double us = time_us([&] { b.linear_q(x.data(), w.w, nullptr, y.data(), m, n); });
+  char name[96];
+  std::snprintf(name, sizeof(name), "linear_q %-5s m=%-4lld n=%-6lld k=%lld", f.name,
+                static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
+  report(name, us, 2.0 * m * n * k, static_cast<double>(w.bytes) + 4.0 * (m * k + m * n));
+}
+
+// SmolLM2-135M's decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the
+// file), the tied lm_head Q8_0. Only the linears and the lm_head are timed together with the
+// small row ops; attention is left out (measured by --only step) so the figure is the weights'.
+void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
+  const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
+  const int64_t qkv_dim = (nh + 2 * nkv) * hd;
+  struct Layer { QWeight qkv, o, gu, down; };
+  std::vector<Layer> Ls(layers);
+  size_t bytes = 0;
+  for (int l = 0; l < layers; ++l) {
+    Ls[l] = {QWeight(b, f, qkv_dim, H, 10 + l), QWeight(b, f, H, nh * hd, 100 + l), QWeight(b, f, 2 * I, H, 200 + l),
+             QWeight(b, f, H, I, 300 + l)};
+    bytes += Ls[l].qkv.bytes + Ls[l].o.bytes + Ls[l].gu.bytes + Ls[l].down.bytes;
+  }
+  QWeight lm(b, kQFormats[2], V, H, 7);
+  bytes += lm.bytes;
+  auto x = randn(I, 9);
+  std::vector<float> qkv(qkv_dim), proj(H), gu(2 * I), logits(V);
+  auto run = [&] {
+    for (int l = 0; l < layers; ++l) {
+      b.linear_q(x.data(), Ls[l].qkv.w, nullptr, qkv.data(), 1, qkv_dim);
+      b.linear_q(x.data(), Ls[l].o.w, nullptr, proj.data(), 1, H);
+      b.linear_q(x.data(), Ls[l].gu.w, nullptr, gu.data(), 1, 2 * I);
+      b.linear_q(x.data(), Ls[l].down.w, nullptr, proj.data(), 1, H);
+    }
+    b.linear_q(x.data(), lm.w, nullptr, logits.data(), 1, V);
+  };
+  const double us = time_us(run);
+  std::printf("qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)\n",
+              f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
 }
 
 // num_seqs sequences, each with context ctx of which q_len are new queries this step.
@@ -354,7 +435,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-                           "[--only probe|linear|attention|step] [--cpu-time]\n", argv[0]);
+                           "[--only probe|linear|qlinear|attention|step|qstep] [--cpu-time]\n", argv[0]);
       return 2;
     }
   }
@@ -392,6 +473,17 @@ int main(int argc, char** argv) {
       bench_linear(*b, 1, 576, 1536, wt);
       for (int64_t m : {1, 16}) bench_linear(*b, m, 49152, 576, wt);
     }
+  }
+  if (want("qlinear")) {
+    for (const QFormat& f : kQFormats) {
+      for (int64_t m : {1, 16, 64, 256}) bench_linear_q(*b, f, m, 1536, 576);
+      bench_linear_q(*b, f, 1, 576, 1536);
+      bench_linear_q(*b, f, 1, 49152, 576);
+    }
+  }
+  if (want("qstep")) {
+    bench_qstep(*b, kQFormats[0]);
+    bench_qstep(*b, kQFormats[2]);
   }
   if (only == "attention-decode") {  // one figure, for profiling
     for (int i = 0; i < 20; ++i) bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);

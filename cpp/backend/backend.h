@@ -36,6 +36,37 @@ struct AttentionParams {
   int32_t max_blocks_per_seq = 0;
 };
 
+// A group-quantized matrix of `rows` (outputs) x `cols` (inputs), as plain pointers. Element
+//   w[r, c] = scale[r, g] * float(q[r, c] - zero[r, g]) (+ min[r, g] when min != nullptr),
+//   g = c / group,
+// evaluated as one multiply and then one add, in f32, so every supported file format (GGUF
+// Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K, GPTQ, AWQ, online RTN) dequantizes bit-exactly. The last group
+// may be partial; group == cols is per-channel. perm (GPTQ act-order): stored column c multiplies
+// input x[perm[c]].
+// Two layouts share the struct: canonical (host, layout == 0: q one byte per element, ld = cols
+// bytes per row; zero nullptr means zero_point for every group) and a backend's packed layout
+// (layout != 0, made by Backend::pack_quant; only that backend reads `data`).
+struct QuantMatrix {
+  int32_t bits = 8;   // 4 or 8: q values are < 2^bits
+  int32_t group = 0;  // columns per group
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int32_t layout = 0;   // 0 canonical; otherwise owned by the backend that packed it
+  int64_t ld = 0;       // bytes per row of data
+  const void* data = nullptr;
+  const float* scale = nullptr;    // [rows, ngroups()]
+  const uint8_t* zero = nullptr;   // [rows, ngroups()] or nullptr
+  int32_t zero_point = 0;          // the zero of every group when zero == nullptr
+  const float* min = nullptr;      // [rows, ngroups()] or nullptr
+  const int32_t* perm = nullptr;   // [cols] or nullptr
+  int64_t ngroups() const { return group > 0 ? (cols + group - 1) / group : 0; }
+};
+
+// Throws InvalidArgument unless `m` is a well-formed canonical matrix: bits 4 or 8, q < 2^bits,
+// group > 0 and a multiple of 16 or >= cols (no vector step straddles groups), scale present,
+// perm a permutation of [0, cols).
+void check_quant_matrix(const QuantMatrix& m);
+
 // Collective ops for tensor parallelism. The single-process implementation is a no-op; MPI (CPU)
 // and NCCL (GPU) implementations plug in here later without touching the model.
 class Communicator {
@@ -108,6 +139,18 @@ class Backend {
 
   // x[i] += y[i]
   virtual void add(float* x, const float* y, int64_t n) = 0;
+
+  // Quantized weights. pack_quant copies a canonical QuantMatrix into `dst` (quant_packed_bytes
+  // of this backend's memory, from alloc) in the backend's own layout and returns the view that
+  // linear_q / embedding_q take. Defaults throw, so a backend without them still builds.
+  virtual size_t quant_packed_bytes(const QuantMatrix& canonical) const;
+  virtual QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst);
+  // y[r, j] = x[r, :] . w[j, :] (+ bias[j]) for r < m, j < w.rows; x: [m, w.cols]; y row stride
+  // ldy floats (so a row-part of a fused matrix writes its column slice). Batch invariant.
+  virtual void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y,
+                        int64_t m, int64_t ldy);
+  // out[i, :] = dequantized row ids[i] of `table` (original column order), [n, table.cols].
+  virtual void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out);
 
   Communicator& communicator() { return *comm_; }
   void set_communicator(std::shared_ptr<Communicator> comm) { comm_ = std::move(comm); }

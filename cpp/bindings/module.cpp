@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/engine_loop.h"
 #include "model/model.h"
+#include "model/quant_formats.h"
 
 namespace py = pybind11;
 using namespace fantai;
@@ -117,6 +118,156 @@ void set_tensor(Model& m, const std::string& name, py::array array, const std::s
   m.weights().set(name, data, src, shape);
 }
 
+// A C-contiguous view of `obj` as T with the given rank (a copy only when obj is strided);
+// a wrong dtype or rank is a ValueError, never a silent cast.
+template <typename T>
+py::array_t<T, py::array::c_style> typed_array(const py::object& obj, const char* what, int ndim) {
+  FANTAI_REQUIRE(py::isinstance<py::array>(obj), what << " must be a numpy array");
+  FANTAI_REQUIRE(py::isinstance<py::array_t<T>>(obj),
+                 what << " must have dtype " << std::string(py::str(py::dtype::of<T>())) << ", got "
+                      << std::string(py::str(py::reinterpret_borrow<py::array>(obj).dtype())));
+  auto a = py::array_t<T, py::array::c_style>::ensure(obj);
+  FANTAI_REQUIRE(a && a.ndim() == ndim, what << " must be " << ndim << "-D, got " << a.ndim() << "-D");
+  return a;
+}
+
+// The arrays of a canonical quantized matrix, checked against each other, kept alive by the
+// caller while the view is used.
+struct QuantArrays {
+  py::array_t<uint8_t, py::array::c_style> q, zero;
+  py::array_t<float, py::array::c_style> scale, min;
+  py::array_t<int32_t, py::array::c_style> perm;
+  QuantMatrix view;
+};
+
+QuantArrays quant_arrays(const py::object& q, const py::object& scale, const py::object& zero,
+                         const py::object& min, const py::object& perm, int bits, int group) {
+  QuantArrays a;
+  a.q = typed_array<uint8_t>(q, "q", 2);
+  a.scale = typed_array<float>(scale, "scale", 2);
+  QuantMatrix& v = a.view;
+  v.bits = bits;
+  v.rows = a.q.shape(0);
+  v.cols = a.q.shape(1);
+  FANTAI_REQUIRE(bits == 4 || bits == 8, "bits must be 4 or 8, got " << bits);
+  FANTAI_REQUIRE(group > 0, "group must be positive, got " << group);
+  v.group = static_cast<int32_t>(std::min<int64_t>(group, std::max<int64_t>(v.cols, 1)));
+  v.ld = v.cols;
+  const int64_t ng = v.ngroups();
+  auto need_shape = [&](const py::array& x, const char* what, int64_t r, int64_t c) {
+    const bool ok = x.shape(0) == r && (x.ndim() == 1 || x.shape(1) == c);
+    FANTAI_REQUIRE(ok, what << " has shape (" << x.shape(0) << (x.ndim() == 1 ? "" : ", " + std::to_string(x.shape(1)))
+                            << "), expected (" << r << (x.ndim() == 1 ? "" : ", " + std::to_string(c)) << ")");
+  };
+  need_shape(a.scale, "scale", v.rows, ng);
+  v.data = a.q.data();
+  v.scale = a.scale.data();
+  if (!zero.is_none()) {
+    a.zero = typed_array<uint8_t>(zero, "zero", 2);
+    need_shape(a.zero, "zero", v.rows, ng);
+    v.zero = a.zero.data();
+  }
+  if (!min.is_none()) {
+    a.min = typed_array<float>(min, "min", 2);
+    need_shape(a.min, "min", v.rows, ng);
+    v.min = a.min.data();
+  }
+  if (!perm.is_none()) {
+    a.perm = typed_array<int32_t>(perm, "perm", 1);
+    need_shape(a.perm, "perm", v.cols, 0);
+    v.perm = a.perm.data();
+  }
+  return a;
+}
+
+void set_tensor_ggml(Model& m, const std::string& name, const py::object& data, int32_t ggml_type,
+                     int64_t rows, int64_t cols, const py::object& row_perm) {
+  auto bytes = typed_array<uint8_t>(data, "data", 1);
+  py::array_t<int32_t, py::array::c_style> perm;
+  if (!row_perm.is_none()) {
+    perm = typed_array<int32_t>(row_perm, "row_perm", 1);
+    FANTAI_REQUIRE(perm.shape(0) == rows, "row_perm has " << perm.shape(0) << " entries, expected " << rows);
+  }
+  const int32_t* pp = row_perm.is_none() ? nullptr : perm.data();
+  const void* p = bytes.data();
+  const size_t n = static_cast<size_t>(bytes.shape(0));
+  py::gil_scoped_release release;
+  m.weights().set_ggml(name, p, n, ggml_type, rows, cols, pp);
+}
+
+void set_tensor_quant(Model& m, const std::string& name, const py::object& q, const py::object& scale,
+                      const py::object& zero, const py::object& min, const py::object& perm, int bits,
+                      int group) {
+  QuantArrays a = quant_arrays(q, scale, zero, min, perm, bits, group);
+  const std::string format = "int" + std::to_string(bits) + (a.view.group < a.view.cols ? "g" + std::to_string(a.view.group) : "");
+  py::gil_scoped_release release;
+  m.weights().set_quant(name, a.view, format);
+}
+
+void bind_quant(py::module_& m) {
+  m.def("ggml_dequantize",
+        [](const py::object& data, int32_t ggml_type, int64_t rows, int64_t cols) {
+          auto bytes = typed_array<uint8_t>(data, "data", 1);
+          FANTAI_REQUIRE(rows > 0 && cols > 0, "bad shape (" << rows << ", " << cols << ")");
+          py::array_t<float> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+          const void* p = bytes.data();
+          const size_t n = static_cast<size_t>(bytes.shape(0));
+          float* o = out.mutable_data();
+          {
+            py::gil_scoped_release release;
+            model::ggml_to_f32(p, n, ggml_type, rows, cols, nullptr, o);
+          }
+          return out;
+        },
+        py::arg("data"), py::arg("ggml_type"), py::arg("rows"), py::arg("cols"));
+  m.def("quant_dequantize",
+        [](const py::object& q, const py::object& scale, const py::object& zero, const py::object& min,
+           const py::object& perm, int bits, int group) {
+          QuantArrays a = quant_arrays(q, scale, zero, min, perm, bits, group);
+          if (a.view.perm) {
+            std::vector<char> seen(static_cast<size_t>(a.view.cols), 0);
+            for (int64_t c = 0; c < a.view.cols; ++c) {
+              const int32_t p = a.view.perm[c];
+              FANTAI_REQUIRE(p >= 0 && p < a.view.cols && !seen[p], "perm is not a permutation of [0, " << a.view.cols << ")");
+              seen[p] = 1;
+            }
+          }
+          py::array_t<float> out({static_cast<py::ssize_t>(a.view.rows), static_cast<py::ssize_t>(a.view.cols)});
+          float* o = out.mutable_data();
+          {
+            py::gil_scoped_release release;
+            model::dequantize(a.view, o);
+          }
+          return out;
+        },
+        py::arg("q"), py::arg("scale"), py::arg("zero") = py::none(), py::arg("min") = py::none(),
+        py::arg("perm") = py::none(), py::arg("bits") = 8, py::arg("group") = 32);
+  m.def("quantize_rtn",
+        [](const py::object& w, int bits, int group, bool symmetric) {
+          auto a = typed_array<float>(w, "w", 2);
+          const int64_t rows = a.shape(0), cols = a.shape(1);
+          FANTAI_REQUIRE(group == -1 || group > 0, "group must be positive or -1 (per channel), got " << group);
+          model::QuantTensor t;
+          {
+            py::gil_scoped_release release;
+            t = model::quantize_rtn(a.data(), rows, cols, bits, group, symmetric);
+          }
+          const int64_t ng = t.view().ngroups();
+          py::array_t<uint8_t> q({rows, cols});
+          py::array_t<float> scale({rows, ng});
+          py::array_t<uint8_t> zero({rows, ng});
+          std::copy(t.q.begin(), t.q.end(), q.mutable_data());
+          std::copy(t.scale.begin(), t.scale.end(), scale.mutable_data());
+          std::copy(t.zero.begin(), t.zero.end(), zero.mutable_data());
+          py::dict d;
+          d["q"] = q;
+          d["scale"] = scale;
+          d["zero"] = zero;
+          return d;
+        },
+        py::arg("w"), py::arg("bits"), py::arg("group"), py::arg("symmetric") = true);
+}
+
 void bind_config(py::module_& m) {
   py::class_<ModelConfig>(m, "ModelConfig")
       .def_static("from_json", &ModelConfig::from_json)
@@ -167,25 +318,35 @@ void bind_config(py::module_& m) {
 void bind_model(py::module_& m) {
   py::class_<Model, std::shared_ptr<Model>>(m, "Model")
       .def_static("from_pretrained",
-                  [](const std::string& dir, const std::string& dtype, const std::string& backend, int threads) {
+                  [](const std::string& dir, const std::string& dtype, const std::string& backend, int threads,
+                     const std::string& quantization) {
                     auto be = create_backend(backend, threads);
                     py::gil_scoped_release release;
-                    return Model::from_pretrained(dir, dtype, be);
+                    return Model::from_pretrained(dir, dtype, be, quantization);
                   },
-                  py::arg("path"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0)
+                  py::arg("path"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0,
+                  py::arg("quantization") = "none")
       .def_static("create",
-                  [](const std::string& config_json, const std::string& dtype, const std::string& backend, int threads) {
+                  [](const std::string& config_json, const std::string& dtype, const std::string& backend, int threads,
+                     const std::string& quantization) {
                     ModelConfig c = ModelConfig::from_json(config_json);
                     DType dt = dtype == "auto" ? c.torch_dtype : dtype_from_name(dtype);
-                    return std::make_shared<Model>(c, dt, create_backend(backend, threads));
+                    return std::make_shared<Model>(c, dt, create_backend(backend, threads), quantization);
                   },
-                  py::arg("config_json"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0)
+                  py::arg("config_json"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0,
+                  py::arg("quantization") = "none")
       .def("set_tensor", &set_tensor, py::arg("name"), py::arg("array"), py::arg("dtype") = "")
+      .def("set_tensor_ggml", &set_tensor_ggml, py::arg("name"), py::arg("data"), py::arg("ggml_type"),
+           py::arg("rows"), py::arg("cols"), py::arg("row_perm") = py::none())
+      .def("set_tensor_quant", &set_tensor_quant, py::arg("name"), py::arg("q"), py::arg("scale"),
+           py::arg("zero") = py::none(), py::arg("min") = py::none(), py::arg("perm") = py::none(),
+           py::arg("bits") = 4, py::arg("group") = 128)
+      .def("weight_formats", [](Model& mo) { return mo.weights().formats(); })
       .def("finalize", &Model::finalize, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("config", &Model::config)
       .def_property_readonly("dtype", [](const Model& mo) { return std::string(dtype_name(mo.dtype())); })
       .def_property_readonly("num_threads", [](const Model& mo) { return mo.backend()->num_threads(); })
-      .def_property_readonly("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
+      .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
       .def("score", [](Model& mo, const std::vector<int32_t>& ids) {
         std::vector<float> logits;
         {
@@ -266,6 +427,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "fantai core: paged KV cache, continuous batching and the model forward pass";
   bind_config(m);
   bind_model(m);
+  bind_quant(m);
   bind_engine(m);
   m.def("cpu_isa", &cpu::selected_isa);
   m.def("available_backends", &available_backends);

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/qkernels.h"
 #include "cpu/thread_pool.h"
 
 namespace fantai::cpu {
@@ -41,7 +42,8 @@ constexpr int64_t kParallelMinWork = 1 << 15;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(Isa isa, int num_threads) : isa_(isa), k_(kernels_for(isa)), pool_(num_threads) {
+  CpuBackend(Isa isa, int num_threads)
+      : isa_(isa), k_(kernels_for(isa)), qk_(qkernels_for(isa)), pool_(num_threads) {
     FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size());
   }
 
@@ -110,6 +112,60 @@ class CpuBackend final : public Backend {
       const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
       const int64_t j0 = cb * col_chunk, j1 = std::min(n, j0 + col_chunk);
       fn(x + r0 * k, w, w_dtype, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
+    });
+  }
+
+  size_t quant_packed_bytes(const QuantMatrix& canonical) const override {
+    return cpu_quant_packed_bytes(canonical);
+  }
+  QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst) override {
+    return cpu_pack_quant(canonical, dst);
+  }
+
+  void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                int64_t ldy) override {
+    FANTAI_REQUIRE(w.layout == kCpuQuantLayout, "linear_q: matrix was not packed by the cpu backend");
+    FANTAI_REQUIRE(m >= 0 && ldy >= w.rows, "linear_q: bad shape m=" << m << " ldy=" << ldy);
+    if (m == 0) return;
+    const int64_t n = w.rows, k = w.cols;
+    // Act-order: gather the activation columns once so the kernel reads x in stored order.
+    std::vector<float> gathered;
+    if (w.perm) {
+      gathered.resize(static_cast<size_t>(m * k));
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < k; ++c) gathered[r * k + c] = x[r * k + w.perm[c]];
+      x = gathered.data();
+    }
+    // Same split as the dense linear: 64-row blocks x 16-aligned column chunks, a few per thread.
+    const int64_t row_block = 64;
+    const int64_t row_blocks = ceil_div(m, row_block);
+    const int T = pool_.size();
+    int64_t want_chunks = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
+    int64_t col_chunk = (ceil_div(n, want_chunks) + 15) / 16 * 16;
+    col_chunk = std::max<int64_t>(16, std::min<int64_t>(col_chunk, 2048));
+    const int64_t col_chunks = ceil_div(n, col_chunk);
+    const auto fn = qk_.linear_q;
+    pool_.parallel_for(row_blocks * col_chunks, [&](int64_t t, int) {
+      const int64_t rb = t / col_chunks, cb = t % col_chunks;
+      const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
+      const int64_t j0 = cb * col_chunk, j1 = std::min(n, j0 + col_chunk);
+      fn(x + r0 * k, w, bias, y + r0 * ldy, r1 - r0, ldy, j0, j1);
+    });
+  }
+
+  void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override {
+    FANTAI_REQUIRE(table.layout == kCpuQuantLayout, "embedding_q: table was not packed by the cpu backend");
+    for (int64_t i = 0; i < n; ++i)
+      FANTAI_REQUIRE(ids[i] >= 0 && ids[i] < table.rows, "embedding: token id " << ids[i] << " at "
+                                                          << i << " is outside [0, " << table.rows << ")");
+    const int64_t k = table.cols;
+    const auto fn = qk_.dequant_row;
+    std::vector<float> tmp(table.perm ? static_cast<size_t>(n * k) : 0);
+    for_rows(n, k, [&](int64_t i) {
+      if (!table.perm) return fn(table, ids[i], out + i * k);
+      float* t = tmp.data() + i * k;
+      fn(table, ids[i], t);
+      for (int64_t c = 0; c < k; ++c) out[i * k + table.perm[c]] = t[c];
     });
   }
 
@@ -216,6 +272,7 @@ class CpuBackend final : public Backend {
 
   Isa isa_;
   const KernelTable& k_;
+  const QKernelTable& qk_;
   ThreadPool pool_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths

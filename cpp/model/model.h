@@ -26,12 +26,15 @@ struct ForwardBatch {
 
 class Model {
  public:
-  Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend);
+  // quantization: "none", "int8" or "int4" (see Weights).
+  Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend,
+        const std::string& quantization = "none");
 
   // Loads a Hugging Face model directory (config.json + safetensors). dtype "auto" takes the
   // checkpoint's torch_dtype.
   static std::shared_ptr<Model> from_pretrained(const std::string& dir, const std::string& dtype,
-                                                std::shared_ptr<Backend> backend);
+                                                std::shared_ptr<Backend> backend,
+                                                const std::string& quantization = "none");
 
   Weights& weights() { return weights_; }
   void finalize();  // after all tensors are set: checks, rope tables
@@ -49,6 +52,9 @@ class Model {
 
  private:
   void ensure_workspace(int32_t num_tokens);
+  // y[m, n] = x[m, k] . W^T (+ bias) for a linear held dense, quantized, or as a mix of row parts.
+  void linear(const float* x, const void* dense, const QuantParts& parts, const float* bias,
+              float* y, int64_t m, int64_t n, int64_t k);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
 

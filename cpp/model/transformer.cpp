@@ -8,17 +8,19 @@
 
 namespace fantai::model {
 
-Model::Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend)
+Model::Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend,
+             const std::string& quantization)
     : config_(config), dtype_(dtype), backend_(std::move(backend)),
-      weights_(config_, dtype, backend_.get()) {}
+      weights_(config_, dtype, backend_.get(), quantization) {}
 
 std::shared_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& dtype,
-                                              std::shared_ptr<Backend> backend) {
+                                              std::shared_ptr<Backend> backend,
+                                              const std::string& quantization) {
   namespace fs = std::filesystem;
   FANTAI_REQUIRE(fs::is_directory(dir), "model directory not found: " << dir);
   ModelConfig config = ModelConfig::from_file((fs::path(dir) / "config.json").string());
   DType dt = dtype == "auto" || dtype.empty() ? config.torch_dtype : dtype_from_name(dtype);
-  auto model = std::make_shared<Model>(config, dt, std::move(backend));
+  auto model = std::make_shared<Model>(config, dt, std::move(backend), quantization);
   load_safetensors_dir(dir, &model->weights());
   model->finalize();
   return model;
@@ -63,14 +65,23 @@ void Model::ensure_workspace(int32_t n) {
   capacity_ = cap;
 }
 
+void Model::linear(const float* x, const void* dense, const QuantParts& parts, const float* bias,
+                   float* y, int64_t m, int64_t n, int64_t k) {
+  Backend* be = backend_.get();
+  // Rows that came dense (all of them for an unquantized model: the path of old, bit for bit).
+  if (dense) be->linear(x, dense, dtype_, bias, y, m, n, k);
+  for (const QuantPart& p : parts)
+    be->linear_q(x, p.w, bias ? bias + p.row0 : nullptr, y + p.row0, m, n);
+}
+
 void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layer(layer);
   Backend* be = backend_.get();
   const int64_t n = b.num_tokens, qkv_dim = c.q_dim() + 2 * c.kv_dim();
   float* qkv = qkv_.as<float>();
-  be->linear(normed_.as<float>(), L.qkv.data(), dtype_, L.qkv_bias.as<float>(), qkv, n, qkv_dim,
-             c.hidden_size);
+  linear(normed_.as<float>(), L.qkv.data(), L.qkv_q, L.qkv_bias.as<float>(), qkv, n, qkv_dim,
+         c.hidden_size);
   float* q = qkv;
   float* k = qkv + c.q_dim();
   float* v = k + c.kv_dim();
@@ -80,8 +91,8 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(), b.attn, c.num_heads,
                 scale, attn_out_.as<float>());
-  be->linear(attn_out_.as<float>(), L.o.data(), dtype_, L.o_bias.as<float>(), proj_out_.as<float>(),
-             n, c.hidden_size, c.q_dim());
+  linear(attn_out_.as<float>(), L.o.data(), L.o_q, L.o_bias.as<float>(), proj_out_.as<float>(), n,
+         c.hidden_size, c.q_dim());
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
 
@@ -90,11 +101,11 @@ void Model::mlp_block(int layer, int32_t n) {
   const LayerWeights& L = weights_.layer(layer);
   Backend* be = backend_.get();
   const int64_t inter = c.intermediate_size;
-  be->linear(normed_.as<float>(), L.gate_up.data(), dtype_, nullptr, gate_up_.as<float>(), n,
-             2 * inter, c.hidden_size);
+  linear(normed_.as<float>(), L.gate_up.data(), L.gate_up_q, nullptr, gate_up_.as<float>(), n,
+         2 * inter, c.hidden_size);
   be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
-  be->linear(act_.as<float>(), L.down.data(), dtype_, nullptr, proj_out_.as<float>(), n,
-             c.hidden_size, inter);
+  linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n,
+         c.hidden_size, inter);
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
 
@@ -113,7 +124,8 @@ void Model::forward(const ForwardBatch& b, KVCache& cache, float* logits) {
   }
   float* residual = residual_.as<float>();
   float* normed = normed_.as<float>();
-  be->embedding(b.token_ids, n, weights_.embed().data(), dtype_, H, residual);
+  if (!weights_.embed_q().empty()) be->embedding_q(b.token_ids, n, weights_.embed_q().front().w, residual);
+  else be->embedding(b.token_ids, n, weights_.embed().data(), dtype_, H, residual);
   be->rms_norm(residual, weights_.layer(0).input_norm.as<float>(), normed, n, H, c.rms_norm_eps);
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& L = weights_.layer(layer);
@@ -136,7 +148,8 @@ void Model::forward(const ForwardBatch& b, KVCache& cache, float* logits) {
   }
   be->add_rms_norm(res_rows, x_rows, weights_.final_norm().as<float>(), normed, b.num_logits, H,
                    c.rms_norm_eps);
-  be->linear(normed, weights_.lm_head(), dtype_, nullptr, logits, b.num_logits, c.vocab_size, H);
+  linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits, b.num_logits,
+         c.vocab_size, H);
 }
 
 std::vector<float> Model::score(const std::vector<int32_t>& ids) {

@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "model/quant_formats.h"
 
 namespace fantai::model {
 
@@ -42,10 +43,17 @@ struct Weights::Slot {
   int64_t rows = 0;
   int64_t cols = 0;  // 1 for vectors
   bool f32 = false;  // norms and biases stay f32
+  QuantParts* qparts = nullptr;  // where quantized row ranges of this matrix go
+  bool projection = false;       // q/k/v/o/gate/up/down: quantized online when asked
 };
 
-Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend)
-    : config_(config), dtype_(dtype), backend_(backend), layers_(config.num_layers) {}
+Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend,
+                 const std::string& quantization)
+    : config_(config), dtype_(dtype), backend_(backend), layers_(config.num_layers),
+      quantization_(quantization.empty() ? "none" : quantization) {
+  FANTAI_REQUIRE(quantization_ == "none" || quantization_ == "int8" || quantization_ == "int4",
+                 "unknown quantization '" << quantization << "' (expected none, int8 or int4)");
+}
 
 ShardRule shard_rule(const std::string& n) {
   auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
@@ -59,9 +67,11 @@ Weights::Slot Weights::resolve(const std::string& name) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
   const int64_t QKV = Q + 2 * KV;
-  if (name == "model.embed_tokens.weight") return {&embed_, c.vocab_size, 0, c.vocab_size, H, false};
+  // Embedding and lm_head are never quantized online (only when the checkpoint is): they are a
+  // small share of a large model and the most sensitive matrices.
+  if (name == "model.embed_tokens.weight") return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
   if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true};
-  if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false};
+  if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false, &lm_head_q_};
   static const std::regex re(R"(model\.layers\.(\d+)\.(\w+)\.?(\w*)\.(weight|bias))");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return {};
@@ -75,13 +85,13 @@ Weights::Slot Weights::resolve(const std::string& name) {
   if (a == "self_attn") {
     int64_t off = b == "q_proj" ? 0 : b == "k_proj" ? Q : b == "v_proj" ? Q + KV : -1;
     int64_t rows = b == "q_proj" ? Q : KV;
-    if (off >= 0) return bias ? Slot{&L.qkv_bias, QKV, off, rows, 1, true} : Slot{&L.qkv, QKV, off, rows, H, false};
-    if (b == "o_proj") return bias ? Slot{&L.o_bias, H, 0, H, 1, true} : Slot{&L.o, H, 0, H, Q, false};
+    if (off >= 0) return bias ? Slot{&L.qkv_bias, QKV, off, rows, 1, true} : Slot{&L.qkv, QKV, off, rows, H, false, &L.qkv_q, true};
+    if (b == "o_proj") return bias ? Slot{&L.o_bias, H, 0, H, 1, true} : Slot{&L.o, H, 0, H, Q, false, &L.o_q, true};
   }
   if (a == "mlp" && !bias) {
-    if (b == "gate_proj") return {&L.gate_up, 2 * I, 0, I, H, false};
-    if (b == "up_proj") return {&L.gate_up, 2 * I, I, I, H, false};
-    if (b == "down_proj") return {&L.down, H, 0, H, I, false};
+    if (b == "gate_proj") return {&L.gate_up, 2 * I, 0, I, H, false, &L.gate_up_q, true};
+    if (b == "up_proj") return {&L.gate_up, 2 * I, I, I, H, false, &L.gate_up_q, true};
+    if (b == "down_proj") return {&L.down, H, 0, H, I, false, &L.down_q, true};
   }
   return {};
 }
@@ -116,12 +126,69 @@ bool Weights::set(const std::string& name, const void* data, DType src_dtype,
   FANTAI_REQUIRE(numel == s.rows * s.cols && (shape.size() != 2 || shape[0] == s.rows),
                  "tensor " << name << " has " << numel << " elements, expected [" << s.rows
                            << ", " << s.cols << "] from config.json");
+  if (s.projection && quantization_ != "none") {
+    std::vector<float> w(static_cast<size_t>(numel));
+    convert_to_f32(data, src_dtype, w.data(), w.size());
+    const bool int8 = quantization_ == "int8";
+    const QuantTensor t = quantize_rtn(w.data(), s.rows, s.cols, int8 ? 8 : 4, int8 ? -1 : 32, true);
+    add_quant_part(s, name, t.view(), int8 ? "int8" : "int4g32");
+    return true;
+  }
   const DType dst_dtype = s.f32 ? DType::kF32 : dtype_;
   if (!s.buffer->data()) {
     *s.buffer = Buffer(backend_, static_cast<size_t>(s.total_rows * s.cols) * dtype_size(dst_dtype));
   }
   copy_rows(*s.buffer, s.row_offset, s.rows, s.cols, data, src_dtype, dst_dtype);
   loaded_.push_back(name);
+  formats_[name] = dst_dtype == DType::kF32 ? "f32" : dst_dtype == DType::kF16 ? "f16" : "bf16";
+  return true;
+}
+
+void Weights::add_quant_part(const Slot& s, const std::string& name, const QuantMatrix& canonical,
+                             const std::string& format) {
+  FANTAI_REQUIRE(s.qparts != nullptr, "tensor " << name << " cannot be held quantized");
+  FANTAI_REQUIRE(canonical.rows == s.rows && canonical.cols == s.cols,
+                 "tensor " << name << " is [" << canonical.rows << ", " << canonical.cols
+                           << "], expected [" << s.rows << ", " << s.cols << "] from config.json");
+  QuantPart part;
+  part.row0 = s.row_offset;
+  part.mem = Buffer(backend_, backend_->quant_packed_bytes(canonical), false);
+  part.w = backend_->pack_quant(canonical, part.mem.data());
+  QuantParts& parts = *s.qparts;
+  parts.erase(std::remove_if(parts.begin(), parts.end(), [&](const QuantPart& p) { return p.row0 == part.row0; }),
+              parts.end());
+  parts.push_back(std::move(part));
+  loaded_.push_back(name);
+  formats_[name] = format;
+}
+
+bool Weights::set_ggml(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
+                       int64_t rows, int64_t cols, const int32_t* row_perm) {
+  Slot s = resolve(name);
+  if (!s.buffer) {
+    FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
+    return false;
+  }
+  if (ggml_is_quant(ggml_type) && s.qparts) {
+    const QuantTensor t = ggml_decode(data, nbytes, ggml_type, rows, cols, row_perm);
+    add_quant_part(s, name, t.view(), t.format);
+    return true;
+  }
+  // Float tensors (and quantized norms, which are never kept quantized) go through f32.
+  std::vector<float> f(static_cast<size_t>(rows * cols));
+  ggml_to_f32(data, nbytes, ggml_type, rows, cols, row_perm, f.data());
+  const std::vector<int64_t> shape = s.cols == 1 ? std::vector<int64_t>{rows * cols} : std::vector<int64_t>{rows, cols};
+  return set(name, f.data(), DType::kF32, shape);
+}
+
+bool Weights::set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format) {
+  Slot s = resolve(name);
+  if (!s.buffer) {
+    FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
+    return false;
+  }
+  check_quant_matrix(canonical);
+  add_quant_part(s, name, canonical, format);
   return true;
 }
 
@@ -130,17 +197,20 @@ void Weights::finalize() {
   auto need = [&](const Buffer& b, const std::string& n) {
     if (!b.data()) missing.push_back(n);
   };
-  need(embed_, "model.embed_tokens.weight");
+  auto need_linear = [&](const Buffer& b, const QuantParts& q, const std::string& n) {
+    if (!b.data() && q.empty()) missing.push_back(n);
+  };
+  need_linear(embed_, embed_q_, "model.embed_tokens.weight");
   need(final_norm_, "model.norm.weight");
   for (int i = 0; i < config_.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     const LayerWeights& L = layers_[i];
     need(L.input_norm, p + "input_layernorm.weight");
-    need(L.qkv, p + "self_attn.{q,k,v}_proj.weight");
-    need(L.o, p + "self_attn.o_proj.weight");
+    need_linear(L.qkv, L.qkv_q, p + "self_attn.{q,k,v}_proj.weight");
+    need_linear(L.o, L.o_q, p + "self_attn.o_proj.weight");
     need(L.post_norm, p + "post_attention_layernorm.weight");
-    need(L.gate_up, p + "mlp.{gate,up}_proj.weight");
-    need(L.down, p + "mlp.down_proj.weight");
+    need_linear(L.gate_up, L.gate_up_q, p + "mlp.{gate,up}_proj.weight");
+    need_linear(L.down, L.down_q, p + "mlp.down_proj.weight");
   }
   // Each fused buffer needs all its parts: count the loaded names per fused group.
   std::sort(loaded_.begin(), loaded_.end());
@@ -157,18 +227,33 @@ void Weights::finalize() {
     for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
     FANTAI_THROW("checkpoint is missing " << missing.size() << " tensor(s): " << list);
   }
-  if (!lm_head_.data() && !config_.tie_word_embeddings) {
+  if (!lm_head_.data() && lm_head_q_.empty() && !config_.tie_word_embeddings) {
     FANTAI_LOG(kInfo, "no lm_head.weight in the checkpoint: tying it to the embedding");
   }
 }
 
-const void* Weights::lm_head() const { return lm_head_.data() ? lm_head_.data() : embed_.data(); }
+// Tied unless the checkpoint gave an lm_head of its own (dense or quantized).
+const void* Weights::lm_head() const {
+  if (lm_head_.data() || !lm_head_q_.empty()) return lm_head_.data();
+  return embed_.data();
+}
+
+const QuantParts& Weights::lm_head_q() const {
+  if (lm_head_.data() || !lm_head_q_.empty()) return lm_head_q_;
+  return embed_q_;
+}
 
 size_t Weights::total_bytes() const {
-  size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes();
+  auto parts = [](const QuantParts& q) {
+    size_t n = 0;
+    for (const QuantPart& p : q) n += p.mem.bytes();
+    return n;
+  };
+  size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes() + parts(embed_q_) + parts(lm_head_q_);
   for (const LayerWeights& L : layers_) {
     total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() +
-             L.o_bias.bytes() + L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes();
+             L.o_bias.bytes() + L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() +
+             parts(L.qkv_q) + parts(L.o_q) + parts(L.gate_up_q) + parts(L.down_q);
   }
   return total;
 }

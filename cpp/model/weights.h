@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,16 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
+// A row range of a linear held quantized in the backend's packed layout. A fused matrix may be
+// made of parts in different formats (GGUF Q4_K_M stores attn_v as Q6_K beside Q4_K attn_q);
+// each part writes its own column slice of the output.
+struct QuantPart {
+  int64_t row0 = 0;  // first output row of the fused matrix
+  Buffer mem;        // backend memory holding the packed matrix
+  QuantMatrix w;     // view into mem, w.rows rows
+};
+using QuantParts = std::vector<QuantPart>;
+
 struct LayerWeights {
   Buffer input_norm;       // [hidden] f32
   Buffer qkv;              // [q_dim + 2 * kv_dim, hidden] weight dtype; rows q | k | v
@@ -42,6 +53,9 @@ struct LayerWeights {
   Buffer post_norm;        // [hidden] f32
   Buffer gate_up;          // [2 * intermediate, hidden]; rows gate | up
   Buffer down;             // [hidden, intermediate]
+  // Quantized row ranges of the same matrices; a dense buffer above exists only when some part
+  // of it came dense (its rows under a quantized part are zero and get overwritten).
+  QuantParts qkv_q, o_q, gate_up_q, down_q;
 };
 
 // How a linear is split across tensor-parallel ranks: column-parallel splits output rows
@@ -52,31 +66,52 @@ enum class ShardRule : uint8_t { kReplicated, kColumn, kRow };
 // nothing is missing. Norms and biases are kept in f32; matrices in `dtype`.
 class Weights {
  public:
-  Weights(const ModelConfig& config, DType dtype, Backend* backend);
+  // quantization: "none", or "int8" / "int4" to quantize dense q/k/v/o/gate/up/down matrices as
+  // they are set (round to nearest: int8 per channel, int4 in groups of 32, both symmetric).
+  Weights(const ModelConfig& config, DType dtype, Backend* backend,
+          const std::string& quantization = "none");
 
   // Copies (converting) one checkpoint tensor into place. Unknown names are ignored (returns
   // false), shape mismatches throw. data: row-major in src_dtype.
   bool set(const std::string& name, const void* data, DType src_dtype,
            const std::vector<int64_t>& shape);
+  // A GGUF tensor [rows, cols] in ggml type `ggml_type` (raw bytes). Block formats stay
+  // quantized; F32/F16/BF16 become the dense dtype (or are quantized online). Destination row i
+  // takes source row row_perm[i] when row_perm is given.
+  bool set_ggml(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
+                int64_t rows, int64_t cols, const int32_t* row_perm = nullptr);
+  // A canonical quantized matrix (GPTQ / AWQ / RTN checkpoints); `format` is reported as is.
+  bool set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format);
   void finalize();  // throws listing missing tensors; ties lm_head to the embedding if needed
 
   DType dtype() const { return dtype_; }
   const Buffer& embed() const { return embed_; }        // [vocab, hidden]
   const Buffer& final_norm() const { return final_norm_; }  // [hidden] f32
   const void* lm_head() const;                           // [vocab, hidden]
+  const QuantParts& embed_q() const { return embed_q_; }  // empty unless quantized
+  // The lm_head's quantized parts: its own, or the embedding's when tied (never a dense copy).
+  const QuantParts& lm_head_q() const;
+  const std::string& quantization() const { return quantization_; }
+  // Hugging Face name -> resident format ("q4_1", "int4g32", "bf16", "f32", ...).
+  const std::map<std::string, std::string>& formats() const { return formats_; }
   const LayerWeights& layer(int i) const { return layers_[i]; }
   size_t total_bytes() const;
 
  private:
   struct Slot;
   Slot resolve(const std::string& name);
+  void add_quant_part(const Slot& s, const std::string& name, const QuantMatrix& canonical,
+                      const std::string& format);
   void copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols, const void* src,
                  DType src_dtype, DType dst_dtype);
 
   ModelConfig config_;
   DType dtype_;
   Backend* backend_;
+  std::string quantization_;
   Buffer embed_, final_norm_, lm_head_;
+  QuantParts embed_q_, lm_head_q_;
+  std::map<std::string, std::string> formats_;
   std::vector<LayerWeights> layers_;
   std::vector<std::string> loaded_;
 };

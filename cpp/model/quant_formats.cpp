@@ -1,0 +1,298 @@
+// model: GGUF block decoding and RTN quantization into the canonical group-quantized form.
+// The block layouts follow ggml's reference dequantizers (ggml-quants.c); every format maps onto
+// w = scale * float(q - zero) (+ min) with the exact f32 values ggml computes.
+#include "model/quant_formats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/types.h"
+
+namespace fantai::model {
+namespace {
+
+struct BlockInfo {
+  int64_t elems;  // per block
+  int64_t bytes;  // per block
+};
+
+BlockInfo block_info(int32_t type) {
+  switch (type) {
+    case kGgmlF32: return {1, 4};
+    case kGgmlF16: return {1, 2};
+    case kGgmlBF16: return {1, 2};
+    case kGgmlQ4_0: return {32, 18};
+    case kGgmlQ4_1: return {32, 20};
+    case kGgmlQ8_0: return {32, 34};
+    case kGgmlQ4_K: return {256, 144};
+    case kGgmlQ5_K: return {256, 176};
+    case kGgmlQ6_K: return {256, 210};
+  }
+  FANTAI_THROW("unsupported GGUF tensor type " << type
+               << " (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+}
+
+float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block's 12 packed bytes:
+// j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 split between byte j + 4 (low 4 bits) and
+// the top 2 bits of bytes j - 4 and j.
+void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// One row of blocks into q / scale / zero / min at element offset 0 of the row.
+void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, float* scale,
+                uint8_t* zero, float* min) {
+  const BlockInfo bi = block_info(type);
+  const int64_t nb = cols / bi.elems;
+  for (int64_t b = 0; b < nb; ++b, src += bi.bytes) {
+    uint8_t* qb = q + b * bi.elems;
+    switch (type) {
+      case kGgmlQ8_0: {  // f16 d, 32 x int8; y = d * int8
+        scale[b] = half(src);
+        for (int i = 0; i < 32; ++i) qb[i] = static_cast<uint8_t>(static_cast<int8_t>(src[2 + i]) + 128);
+        break;
+      }
+      case kGgmlQ4_0:  // f16 d, 16 bytes: low nibbles elements 0..15, high 16..31; y = (nib - 8) d
+      case kGgmlQ4_1: {  // f16 d, f16 m, nibbles; y = nib * d + m
+        const int off = type == kGgmlQ4_0 ? 2 : 4;
+        scale[b] = half(src);
+        if (type == kGgmlQ4_1) min[b] = half(src + 2);
+        for (int i = 0; i < 16; ++i) {
+          qb[i] = src[off + i] & 0xF;
+          qb[i + 16] = src[off + i] >> 4;
+        }
+        break;
+      }
+      case kGgmlQ4_K:
+      case kGgmlQ5_K: {
+        // f16 d, f16 dmin, 12 bytes of scales/mins, [Q5_K: 32 bytes of 5th bits], 128 bytes of
+        // nibbles: each 32 bytes hold sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles).
+        // y = (d * sc) * q - dmin * m.
+        const float d = half(src), dmin = half(src + 2);
+        const uint8_t* sc = src + 4;
+        const uint8_t* qh = src + 16;
+        const uint8_t* qs = src + (type == kGgmlQ4_K ? 16 : 48);
+        for (int p = 0; p < 4; ++p) {
+          for (int h = 0; h < 2; ++h) {
+            const int j = 2 * p + h;
+            uint8_t s6, m6;
+            scale_min_k4(j, sc, &s6, &m6);
+            scale[b * 8 + j] = d * static_cast<float>(s6);
+            min[b * 8 + j] = -(dmin * static_cast<float>(m6));
+            for (int l = 0; l < 32; ++l) {
+              int v = h ? qs[32 * p + l] >> 4 : qs[32 * p + l] & 0xF;
+              if (type == kGgmlQ5_K && (qh[l] >> j) & 1) v += 16;
+              qb[32 * j + l] = static_cast<uint8_t>(v);
+            }
+          }
+        }
+        break;
+      }
+      case kGgmlQ6_K: {
+        // 128 bytes low 4 bits, 64 bytes high 2 bits, 16 int8 scales, f16 d. Per 128-element half
+        // n: element l + 32 t (t < 4) takes low bits from ql[64 n + l + 32 (t & 1)] (nibble t >> 1)
+        // and high bits from qh[32 n + l] bits 2t..2t+1; sub-block of 16 e uses scales[e / 16].
+        // y = (d * sc) * (q - 32).
+        const uint8_t* ql = src;
+        const uint8_t* qh = src + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192);
+        const float d = half(src + 208);
+        for (int n = 0; n < 2; ++n)
+          for (int t = 0; t < 4; ++t)
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t lo = ql[64 * n + l + 32 * (t & 1)];
+              const int low = (t >> 1) ? lo >> 4 : lo & 0xF;
+              const int high = (qh[32 * n + l] >> (2 * t)) & 3;
+              qb[128 * n + 32 * t + l] = static_cast<uint8_t>(low | (high << 4));
+            }
+        for (int s = 0; s < 16; ++s) scale[b * 16 + s] = d * static_cast<float>(sc[s]);
+        break;
+      }
+      default: FANTAI_THROW("GGUF type " << type << " is not a block format");
+    }
+  }
+  (void)zero;
+}
+
+float deq(float s, int qz, const float* min, int64_t i) {
+  // The product is rounded to f32 before the add (volatile keeps the compiler from fusing).
+  volatile float v = s * static_cast<float>(qz);
+  return min ? v + min[i] : v;
+}
+
+}  // namespace
+
+bool ggml_is_float(int32_t t) { return t == kGgmlF32 || t == kGgmlF16 || t == kGgmlBF16; }
+bool ggml_is_quant(int32_t t) {
+  return t == kGgmlQ4_0 || t == kGgmlQ4_1 || t == kGgmlQ8_0 || t == kGgmlQ4_K || t == kGgmlQ5_K ||
+         t == kGgmlQ6_K;
+}
+
+const char* ggml_format_name(int32_t t) {
+  switch (t) {
+    case kGgmlF32: return "f32";
+    case kGgmlF16: return "f16";
+    case kGgmlBF16: return "bf16";
+    case kGgmlQ4_0: return "q4_0";
+    case kGgmlQ4_1: return "q4_1";
+    case kGgmlQ8_0: return "q8_0";
+    case kGgmlQ4_K: return "q4_k";
+    case kGgmlQ5_K: return "q5_k";
+    case kGgmlQ6_K: return "q6_k";
+  }
+  block_info(t);  // throws the message listing the supported types
+  return "?";
+}
+
+size_t ggml_tensor_bytes(int32_t type, int64_t rows, int64_t cols) {
+  const BlockInfo bi = block_info(type);
+  FANTAI_REQUIRE(rows > 0 && cols > 0, "GGUF tensor: bad shape [" << rows << ", " << cols << "]");
+  FANTAI_REQUIRE(cols % bi.elems == 0, "GGUF " << ggml_format_name(type) << " tensor: row length "
+                                               << cols << " is not a multiple of the block size " << bi.elems);
+  return static_cast<size_t>(rows) * static_cast<size_t>(cols / bi.elems * bi.bytes);
+}
+
+QuantMatrix QuantTensor::view() const {
+  QuantMatrix m;
+  m.bits = bits;
+  m.group = group;
+  m.rows = rows;
+  m.cols = cols;
+  m.layout = 0;
+  m.ld = cols;
+  m.data = q.data();
+  m.scale = scale.data();
+  m.zero = zero.empty() ? nullptr : zero.data();
+  m.zero_point = zero_point;
+  m.min = min.empty() ? nullptr : min.data();
+  m.perm = perm.empty() ? nullptr : perm.data();
+  return m;
+}
+
+QuantTensor ggml_decode(const void* data, size_t nbytes, int32_t type, int64_t rows, int64_t cols,
+                        const int32_t* row_perm) {
+  FANTAI_REQUIRE(ggml_is_quant(type), "GGUF type " << ggml_format_name(type) << " is not a quantized block format");
+  const size_t want = ggml_tensor_bytes(type, rows, cols);
+  FANTAI_REQUIRE(nbytes == want, "GGUF " << ggml_format_name(type) << " tensor [" << rows << ", " << cols
+                                         << "] needs " << want << " bytes, got " << nbytes);
+  QuantTensor t;
+  t.rows = rows;
+  t.cols = cols;
+  t.format = ggml_format_name(type);
+  switch (type) {
+    case kGgmlQ8_0: t.bits = 8; t.group = 32; t.zero_point = 128; break;
+    case kGgmlQ4_0: t.bits = 4; t.group = 32; t.zero_point = 8; break;
+    case kGgmlQ4_1: t.bits = 4; t.group = 32; break;
+    case kGgmlQ4_K: t.bits = 4; t.group = 32; break;
+    case kGgmlQ5_K: t.bits = 8; t.group = 32; break;
+    case kGgmlQ6_K: t.bits = 8; t.group = 16; t.zero_point = 32; break;
+  }
+  const int64_t ng = cols / t.group;
+  const bool has_min = type == kGgmlQ4_1 || type == kGgmlQ4_K || type == kGgmlQ5_K;
+  t.q.resize(static_cast<size_t>(rows * cols));
+  t.scale.resize(static_cast<size_t>(rows * ng));
+  if (has_min) t.min.resize(static_cast<size_t>(rows * ng));
+  const size_t row_bytes = want / static_cast<size_t>(rows);
+  const uint8_t* src = static_cast<const uint8_t*>(data);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t s = row_perm ? row_perm[r] : r;
+    FANTAI_REQUIRE(s >= 0 && s < rows, "row_perm[" << r << "] = " << s << " is outside [0, " << rows << ")");
+    decode_row(type, src + static_cast<size_t>(s) * row_bytes, cols, t.q.data() + r * cols,
+               t.scale.data() + r * ng, nullptr, has_min ? t.min.data() + r * ng : nullptr);
+  }
+  return t;
+}
+
+void ggml_to_f32(const void* data, size_t nbytes, int32_t type, int64_t rows, int64_t cols,
+                 const int32_t* row_perm, float* out) {
+  const size_t want = ggml_tensor_bytes(type, rows, cols);
+  FANTAI_REQUIRE(nbytes == want, "GGUF " << ggml_format_name(type) << " tensor [" << rows << ", " << cols
+                                         << "] needs " << want << " bytes, got " << nbytes);
+  if (ggml_is_float(type)) {
+    const DType dt = type == kGgmlF32 ? DType::kF32 : type == kGgmlF16 ? DType::kF16 : DType::kBF16;
+    const size_t row_bytes = want / static_cast<size_t>(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t s = row_perm ? row_perm[r] : r;
+      FANTAI_REQUIRE(s >= 0 && s < rows, "row_perm[" << r << "] = " << s << " is outside [0, " << rows << ")");
+      convert_to_f32(static_cast<const char*>(data) + static_cast<size_t>(s) * row_bytes, dt,
+                     out + r * cols, static_cast<size_t>(cols));
+    }
+    return;
+  }
+  const QuantTensor t = ggml_decode(data, nbytes, type, rows, cols, row_perm);
+  dequantize(t.view(), out);
+}
+
+QuantTensor quantize_rtn(const float* w, int64_t rows, int64_t cols, int32_t bits, int32_t group,
+                         bool symmetric) {
+  FANTAI_REQUIRE(bits == 4 || bits == 8, "quantize: bits must be 4 or 8, got " << bits);
+  FANTAI_REQUIRE(rows > 0 && cols > 0, "quantize: bad shape [" << rows << ", " << cols << "]");
+  if (group <= 0 || group > cols) group = static_cast<int32_t>(cols);
+  QuantTensor t;
+  t.bits = bits;
+  t.group = group;
+  t.rows = rows;
+  t.cols = cols;
+  const int64_t ng = (cols + group - 1) / group;
+  t.q.resize(static_cast<size_t>(rows * cols));
+  t.scale.resize(static_cast<size_t>(rows * ng));
+  t.zero.resize(static_cast<size_t>(rows * ng));
+  const int qmax_sym = (1 << (bits - 1)) - 1, qmax = (1 << bits) - 1, mid = 1 << (bits - 1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t c0 = g * group, c1 = std::min<int64_t>(c0 + group, cols);
+      const float* x = w + r * cols;
+      float s;
+      int zero;
+      if (symmetric) {
+        float amax = 0.f;
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[c]));
+        s = amax / static_cast<float>(qmax_sym);
+        if (s == 0.f) s = 1.f;
+        zero = mid;
+      } else {
+        float lo = 0.f, hi = 0.f;
+        for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, x[c]), hi = std::max(hi, x[c]);
+        s = (hi - lo) / static_cast<float>(qmax);
+        if (hi == lo) s = 1.f;
+        zero = static_cast<int>(std::clamp(std::nearbyint(-lo / s), 0.f, static_cast<float>(qmax)));
+      }
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = std::nearbyint(x[c] / s);
+        const int q = symmetric ? static_cast<int>(std::clamp(v, static_cast<float>(-qmax_sym), static_cast<float>(qmax_sym))) + mid
+                                : static_cast<int>(std::clamp(v + static_cast<float>(zero), 0.f, static_cast<float>(qmax)));
+        t.q[r * cols + c] = static_cast<uint8_t>(q);
+      }
+      t.scale[r * ng + g] = s;
+      t.zero[r * ng + g] = static_cast<uint8_t>(zero);
+    }
+  return t;
+}
+
+void dequantize(const QuantMatrix& m, float* out) {
+  FANTAI_REQUIRE(m.layout == 0 && m.group > 0 && m.data && m.scale, "dequantize: needs a canonical matrix");
+  const int64_t ng = m.ngroups();
+  const uint8_t* q = static_cast<const uint8_t*>(m.data);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t c = 0; c < m.cols; ++c) {
+      const int64_t i = r * ng + c / m.group;
+      const int z = m.zero ? m.zero[i] : m.zero_point;
+      out[r * m.cols + (m.perm ? m.perm[c] : c)] = deq(m.scale[i], q[r * m.ld + c] - z, m.min, i);
+    }
+}
+
+}  // namespace fantai::model

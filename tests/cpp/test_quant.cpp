@@ -1,0 +1,395 @@
+// tests: quantized weights — CPU packing, every ISA's linear_q / dequant_row against the slow
+// reference (cpu/qkernels_ref.cpp) on ragged shapes, bitwise agreement with the dense linear on
+// the dequantized matrix, batch invariance, GGUF block decoding of hand-built blocks, and RTN.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/check.h"
+#include "common/types.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "cpu/qkernels.h"
+#include "model/quant_formats.h"
+
+namespace fantai {
+namespace {
+
+using cpu::Isa;
+using model::QuantTensor;
+
+std::vector<Isa> levels() {
+  std::vector<Isa> v;
+  for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) v.push_back(static_cast<Isa>(i));
+  return v;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct Spec {
+  int bits;
+  int group;  // 0: per channel
+  bool zero, min, perm;
+};
+
+// A random canonical matrix: q uniform, per-group zero / min when asked.
+QuantTensor random_quant(int64_t rows, int64_t cols, const Spec& s, uint32_t seed) {
+  std::mt19937 g(seed);
+  QuantTensor t;
+  t.bits = s.bits;
+  t.group = s.group ? s.group : static_cast<int32_t>(cols);
+  t.rows = rows;
+  t.cols = cols;
+  const int64_t ng = (cols + t.group - 1) / t.group;
+  const int qmax = (1 << s.bits) - 1;
+  std::uniform_int_distribution<int> qd(0, qmax);
+  std::uniform_real_distribution<float> sd(0.001f, 0.05f), md(-0.5f, 0.5f);
+  t.q.resize(rows * cols);
+  for (auto& v : t.q) v = static_cast<uint8_t>(qd(g));
+  t.scale.resize(rows * ng);
+  for (auto& v : t.scale) v = sd(g);
+  if (s.zero) {
+    t.zero.resize(rows * ng);
+    for (auto& v : t.zero) v = static_cast<uint8_t>(qd(g));
+  } else {
+    t.zero_point = 1 << (s.bits - 1);
+  }
+  if (s.min) {
+    t.min.resize(rows * ng);
+    for (auto& v : t.min) v = md(g);
+  }
+  if (s.perm) {
+    t.perm.resize(cols);
+    for (int64_t c = 0; c < cols; ++c) t.perm[c] = static_cast<int32_t>(c);
+    std::shuffle(t.perm.begin(), t.perm.end(), g);
+  }
+  return t;
+}
+
+struct Packed {
+  std::vector<uint8_t> mem;
+  QuantMatrix w;
+};
+
+Packed pack(const QuantTensor& t) {
+  Packed p;
+  p.mem.resize(cpu::cpu_quant_packed_bytes(t.view()) + 64);
+  void* dst = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(p.mem.data()) + 63) & ~uintptr_t{63});
+  p.w = cpu::cpu_pack_quant(t.view(), dst);
+  return p;
+}
+
+const Spec kSpecs[] = {
+    {4, 32, false, false, false}, {4, 32, false, true, false}, {4, 32, true, false, true},
+    {4, 128, true, false, false}, {8, 32, false, false, false}, {8, 16, false, true, true},
+    {8, 0, false, false, false},  {8, 64, true, true, false},  {4, 0, true, false, false},
+};
+
+class QuantKernels : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(QuantKernels, DequantRowMatchesReference) {
+  const cpu::QKernelTable& qk = cpu::qkernels_for(GetParam());
+  uint32_t seed = 1;
+  for (const Spec& s : kSpecs)
+    for (int64_t cols : {16, 40, 100, 257}) {
+      const QuantTensor t = random_quant(5, cols, s, seed++);
+      const Packed p = pack(t);
+      QuantTensor unpermuted = t;
+      unpermuted.perm.clear();  // dequant_row is in stored column order
+      std::vector<float> want(5 * cols), got(cols);
+      cpu::ref::dequantize(unpermuted.view(), want.data());
+      for (int64_t r = 0; r < 5; ++r) {
+        qk.dequant_row(p.w, r, got.data());
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data() + r * cols, cols * 4))
+            << "bits " << s.bits << " group " << s.group << " cols " << cols << " row " << r;
+      }
+    }
+}
+
+TEST_P(QuantKernels, LinearMatchesReferenceOnRaggedShapes) {
+  auto be = cpu::make_cpu_backend(GetParam(), 2);
+  uint32_t seed = 100;
+  for (const Spec& s : kSpecs)
+    for (int64_t m : {1, 3, 17, 64})
+      for (int64_t k : {40, 100, 257}) {
+        const int64_t n = 37;
+        const QuantTensor t = random_quant(n, k, s, seed++);
+        const Packed p = pack(t);
+        const std::vector<float> x = randn(m * k, seed++);
+        const std::vector<float> bias = randn(n, seed++);
+        const bool with_bias = (seed & 1) != 0;
+        std::vector<float> got(m * n, -1.f), want(m * n), wd(n * k);
+        be->linear_q(x.data(), p.w, with_bias ? bias.data() : nullptr, got.data(), m, n);
+        cpu::ref::linear_q(x.data(), t.view(), with_bias ? bias.data() : nullptr, want.data(), m, n);
+        cpu::ref::dequantize(t.view(), wd.data());
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            double mag = 0;  // sum |x||w|: the scale of the f32 rounding error
+            for (int64_t c = 0; c < k; ++c) mag += std::fabs(x[r * k + c] * wd[j * k + c]);
+            const double tol = 4e-7 * static_cast<double>(k) * mag + 1e-6;
+            ASSERT_NEAR(got[r * n + j], want[r * n + j], tol)
+                << "bits " << s.bits << " group " << s.group << " zero " << s.zero << " min " << s.min
+                << " perm " << s.perm << " m " << m << " k " << k << " at (" << r << ", " << j << ")";
+          }
+      }
+}
+
+// The quantized chain is the dense chain: equal bit for bit to the dense f32 linear on the
+// dequantized matrix (stored column order, activations gathered by perm).
+TEST_P(QuantKernels, LinearBitwiseEqualsDenseOnDequantized) {
+  auto be = cpu::make_cpu_backend(GetParam(), 2);
+  uint32_t seed = 500;
+  for (const Spec& s : kSpecs)
+    for (int64_t m : {1, 5, 64}) {
+      const int64_t n = 33, k = 200;
+      const QuantTensor t = random_quant(n, k, s, seed++);
+      const Packed p = pack(t);
+      QuantTensor stored = t;
+      stored.perm.clear();
+      std::vector<float> wd(n * k);
+      cpu::ref::dequantize(stored.view(), wd.data());
+      const std::vector<float> x = randn(m * k, seed++);
+      std::vector<float> xg = x;
+      if (!t.perm.empty())
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < k; ++c) xg[r * k + c] = x[r * k + t.perm[c]];
+      const std::vector<float> bias = randn(n, seed++);
+      std::vector<float> got(m * n), want(m * n);
+      be->linear_q(x.data(), p.w, bias.data(), got.data(), m, n);
+      be->linear(xg.data(), wd.data(), DType::kF32, bias.data(), want.data(), m, n, k);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+          << "bits " << s.bits << " group " << s.group << " m " << m;
+    }
+}
+
+TEST_P(QuantKernels, LinearIsBatchAndThreadInvariant) {
+  auto be1 = cpu::make_cpu_backend(GetParam(), 1);
+  auto be2 = cpu::make_cpu_backend(GetParam(), 2);
+  const Spec s{4, 32, false, true, false};
+  const int64_t m = 70, n = 301, k = 576;
+  const QuantTensor t = random_quant(n, k, s, 7);
+  const Packed p = pack(t);
+  const std::vector<float> x = randn(m * k, 8);
+  std::vector<float> all(m * n), one(n), threaded(m * n);
+  be2->linear_q(x.data(), p.w, nullptr, all.data(), m, n);
+  be1->linear_q(x.data(), p.w, nullptr, threaded.data(), m, n);
+  ASSERT_EQ(0, std::memcmp(all.data(), threaded.data(), all.size() * 4));
+  for (int64_t r = 0; r < m; r += 7) {
+    be2->linear_q(x.data() + r * k, p.w, nullptr, one.data(), 1, n);
+    ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * n, n * 4)) << "row " << r;
+  }
+}
+
+TEST_P(QuantKernels, LinearWritesOnlyItsColumnSlice) {
+  auto be = cpu::make_cpu_backend(GetParam(), 2);
+  const QuantTensor t = random_quant(9, 64, {8, 32, false, false, false}, 11);
+  const Packed p = pack(t);
+  const std::vector<float> x = randn(3 * 64, 12);
+  const int64_t ldy = 20, off = 5;
+  std::vector<float> y(3 * ldy, 42.f), want(3 * 9);
+  be->linear_q(x.data(), p.w, nullptr, y.data() + off, 3, ldy);
+  cpu::ref::linear_q(x.data(), t.view(), nullptr, want.data(), 3, 9);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t c = 0; c < ldy; ++c) {
+      if (c >= off && c < off + 9) EXPECT_NEAR(y[r * ldy + c], want[r * 9 + c - off], 1e-4);
+      else EXPECT_EQ(y[r * ldy + c], 42.f);
+    }
+}
+
+TEST_P(QuantKernels, EmbeddingGathersDequantizedRows) {
+  auto be = cpu::make_cpu_backend(GetParam(), 2);
+  for (const Spec& s : kSpecs) {
+    const QuantTensor t = random_quant(50, 72, s, 21);
+    const Packed p = pack(t);
+    std::vector<float> table(50 * 72), out(4 * 72);
+    cpu::ref::dequantize(t.view(), table.data());
+    const int32_t ids[4] = {3, 0, 49, 3};
+    be->embedding_q(ids, 4, p.w, out.data());
+    for (int i = 0; i < 4; ++i)
+      ASSERT_EQ(0, std::memcmp(out.data() + i * 72, table.data() + ids[i] * 72, 72 * 4)) << i;
+    const int32_t bad[1] = {50};
+    EXPECT_THROW(be->embedding_q(bad, 1, p.w, out.data()), InvalidArgument);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, QuantKernels, ::testing::ValuesIn(levels()),
+                         [](const auto& info) { return std::string(cpu::isa_name(info.param)); });
+
+TEST(QuantPack, RejectsMalformedMatrices) {
+  QuantTensor t = random_quant(4, 48, {4, 32, false, false, false}, 3);
+  t.q[5] = 16;  // not a 4-bit value
+  EXPECT_THROW(cpu::cpu_quant_packed_bytes(t.view()), InvalidArgument);
+  t = random_quant(4, 48, {8, 24, false, false, false}, 3);  // group straddles vector steps
+  EXPECT_THROW(cpu::cpu_quant_packed_bytes(t.view()), InvalidArgument);
+  t = random_quant(4, 48, {8, 16, false, false, true}, 3);
+  t.perm[0] = t.perm[1];
+  EXPECT_THROW(cpu::cpu_quant_packed_bytes(t.view()), InvalidArgument);
+}
+
+TEST(QuantPack, UniformZeroBecomesAConstantAndFourBitStaysFourBit) {
+  QuantTensor t = random_quant(8, 256, {4, 32, false, true, false}, 4);
+  t.zero.assign(8 * 8, 3);
+  const Packed p = pack(t);
+  EXPECT_EQ(p.w.zero, nullptr);
+  EXPECT_EQ(p.w.zero_point, 3);
+  EXPECT_EQ(p.w.ld, 128);  // 256 nibbles
+}
+
+// ---- GGUF block decoding -----------------------------------------------------------------------
+
+void put_half(std::vector<uint8_t>& b, size_t at, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(b.data() + at, &h, 2);
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& b, int type, int64_t rows, int64_t cols) {
+  std::vector<float> out(rows * cols);
+  model::ggml_to_f32(b.data(), b.size(), type, rows, cols, nullptr, out.data());
+  return out;
+}
+
+TEST(Gguf, Q8_0) {
+  std::vector<uint8_t> b(34);
+  put_half(b, 0, 0.5f);
+  for (int i = 0; i < 32; ++i) b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(i * 8 - 128));
+  const auto y = decode(b, model::kGgmlQ8_0, 1, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], 0.5f * (i * 8 - 128)) << i;
+}
+
+TEST(Gguf, Q4_0AndQ4_1NibbleOrder) {
+  std::vector<uint8_t> b(18);
+  put_half(b, 0, 2.0f);
+  for (int i = 0; i < 16; ++i) b[2 + i] = static_cast<uint8_t>(i | ((15 - i) << 4));
+  auto y = decode(b, model::kGgmlQ4_0, 1, 32);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(y[i], 2.0f * (i - 8));
+    EXPECT_EQ(y[16 + i], 2.0f * (15 - i - 8));
+  }
+  std::vector<uint8_t> c(20);
+  put_half(c, 0, 0.25f);
+  put_half(c, 2, -1.5f);
+  for (int i = 0; i < 16; ++i) c[4 + i] = static_cast<uint8_t>(i | ((15 - i) << 4));
+  y = decode(c, model::kGgmlQ4_1, 1, 32);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(y[i], 0.25f * i + -1.5f);
+    EXPECT_EQ(y[16 + i], 0.25f * (15 - i) + -1.5f);
+  }
+}
+
+// 6-bit scales sc[j] and mins mn[j] of 8 sub-blocks into the 12-byte K-quant packing.
+void pack_scales_k4(const int* sc, const int* mn, uint8_t* s) {
+  for (int j = 0; j < 4; ++j) {
+    s[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = static_cast<uint8_t>((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+    s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+}
+
+TEST(Gguf, Q4_KAndQ5_K) {
+  const int sc[8] = {1, 63, 17, 32, 5, 48, 33, 63};
+  const int mn[8] = {0, 7, 63, 20, 40, 1, 62, 16};
+  const float d = 0.0625f, dmin = 0.03125f;
+  for (int type : {model::kGgmlQ4_K, model::kGgmlQ5_K}) {
+    const bool q5 = type == model::kGgmlQ5_K;
+    std::vector<uint8_t> b(q5 ? 176 : 144);
+    put_half(b, 0, d);
+    put_half(b, 2, dmin);
+    pack_scales_k4(sc, mn, b.data() + 4);
+    std::vector<int> q(256);
+    for (int e = 0; e < 256; ++e) q[e] = (e * 7 + 3) % (q5 ? 32 : 16);
+    uint8_t* qs = b.data() + (q5 ? 48 : 16);
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l) {
+        qs[32 * p + l] = static_cast<uint8_t>((q[64 * p + l] & 15) | ((q[64 * p + 32 + l] & 15) << 4));
+        if (q5) {
+          b[16 + l] |= static_cast<uint8_t>(((q[64 * p + l] >> 4) << (2 * p)) | ((q[64 * p + 32 + l] >> 4) << (2 * p + 1)));
+        }
+      }
+    const auto y = decode(b, type, 1, 256);
+    for (int e = 0; e < 256; ++e) {
+      const int j = e / 32;
+      const float d1 = d * static_cast<float>(sc[j]), m1 = dmin * static_cast<float>(mn[j]);
+      volatile float prod = d1 * static_cast<float>(q[e]);
+      EXPECT_EQ(y[e], prod - m1) << "type " << type << " element " << e;
+    }
+  }
+}
+
+TEST(Gguf, Q6_K) {
+  std::vector<uint8_t> b(210);
+  std::vector<int> q(256);
+  int8_t sc[16];
+  for (int s = 0; s < 16; ++s) sc[s] = static_cast<int8_t>(s * 9 - 70);
+  for (int e = 0; e < 256; ++e) q[e] = (e * 11 + 5) % 64;
+  for (int n = 0; n < 2; ++n)
+    for (int l = 0; l < 32; ++l) {
+      const int* Q = q.data() + 128 * n;
+      b[64 * n + l] = static_cast<uint8_t>((Q[l] & 15) | ((Q[l + 64] & 15) << 4));
+      b[64 * n + l + 32] = static_cast<uint8_t>((Q[l + 32] & 15) | ((Q[l + 96] & 15) << 4));
+      b[128 + 32 * n + l] = static_cast<uint8_t>((Q[l] >> 4) | ((Q[l + 32] >> 4) << 2) | ((Q[l + 64] >> 4) << 4) | ((Q[l + 96] >> 4) << 6));
+    }
+  std::memcpy(b.data() + 192, sc, 16);
+  const float d = 0.0078125f;
+  put_half(b, 208, d);
+  const auto y = decode(b, model::kGgmlQ6_K, 1, 256);
+  for (int e = 0; e < 256; ++e)
+    EXPECT_EQ(y[e], d * static_cast<float>(sc[e / 16]) * static_cast<float>(q[e] - 32)) << e;
+}
+
+TEST(Gguf, RowPermAndBadInput) {
+  std::vector<uint8_t> b(3 * 34);
+  for (int r = 0; r < 3; ++r) {
+    put_half(b, r * 34, static_cast<float>(r + 1));
+    for (int i = 0; i < 32; ++i) b[r * 34 + 2 + i] = static_cast<uint8_t>(static_cast<int8_t>(i));
+  }
+  const int32_t perm[3] = {2, 0, 1};
+  std::vector<float> out(3 * 32);
+  model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ8_0, 3, 32, perm, out.data());
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r * 32 + 5], 5.f * (perm[r] + 1));
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size() - 1, model::kGgmlQ8_0, 3, 32, nullptr, out.data()), InvalidArgument);
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), 6 /* Q5_0 */, 3, 32, nullptr, out.data()), InvalidArgument);
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ8_0, 3, 33, nullptr, out.data()), InvalidArgument);
+}
+
+// ---- round to nearest --------------------------------------------------------------------------
+
+TEST(Rtn, SymmetricHandExample) {
+  const float w[8] = {0.5f, -1.f, 0.25f, 7.f, 0.f, 0.f, 0.f, 0.f};
+  const QuantTensor t = model::quantize_rtn(w, 2, 4, 4, 4, true);
+  EXPECT_EQ(t.scale[0], 1.f);
+  EXPECT_EQ(t.scale[1], 1.f);  // all-zero row: s = 1
+  const uint8_t want[8] = {8, 7, 8, 15, 8, 8, 8, 8};  // rint(0.5) = 0: half to even
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(t.q[i], want[i]) << i;
+  EXPECT_EQ(t.zero[0], 8);
+}
+
+TEST(Rtn, ErrorWithinHalfAStep) {
+  const std::vector<float> w = randn(7 * 100, 5);
+  for (bool sym : {true, false})
+    for (int bits : {4, 8})
+      for (int group : {-1, 32}) {
+        const QuantTensor t = model::quantize_rtn(w.data(), 7, 100, bits, group, sym);
+        std::vector<float> back(w.size());
+        model::dequantize(t.view(), back.data());
+        const int64_t ng = t.view().ngroups();
+        for (int64_t r = 0; r < 7; ++r)
+          for (int64_t c = 0; c < 100; ++c) {
+            const float s = t.scale[r * ng + c / t.group];
+            ASSERT_LE(std::fabs(back[r * 100 + c] - w[r * 100 + c]), 0.5f * s * 1.0001f)
+                << "sym " << sym << " bits " << bits << " group " << group;
+          }
+      }
+}
+
+}  // namespace
+}  // namespace fantai

@@ -259,7 +259,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     return {
         "system": "fantai", "version": getattr(fantai, "__version__", "?"), "build": build, "dtype": dtype,
         "import_s": import_s, "load_s": load_s, "rss_after_load": rss_load,
-        "quantization": args.quantization, "dequantize": args.dequantize, "weight_bytes": _weight_bytes(llm._model),
+        "quantization": args.quantization, "dequantize": args.dequantize, "weight_bytes": llm._model.weight_bytes(),
         "ttft_s": median(ttft), "ttft_all_s": ttft,
         "decode_tok_s": median(decode), "decode_all_tok_s": decode,
         "decode_tok_s_diff": out_len / (median(t_full) - median(ttft)),
@@ -269,11 +269,6 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
         "offline_total_tok_s": (n_prompt + sum(n_out)) / wall,
         "peak_rss": peak_rss_bytes(), **r,
     }
-
-
-def _weight_bytes(model: Any) -> int:
-    value = model.weight_bytes
-    return int(value() if callable(value) else value)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def log(msg: str) -> None:
 
 
 def run_json(cmd: list[str], timeout: float = 3600) -> Any:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout[out.stdout.index("{"):])
@@ -124,7 +124,7 @@ print(json.dumps({"nll": total / count, "perplexity": math.exp(total / count), "
 def llama_cpp_perplexity(model: str, args: argparse.Namespace) -> dict[str, Any] | None:
     if not args.llama_cpp_python or not os.path.exists(args.llama_cpp_python):
         return None
-    probe = subprocess.run([args.llama_cpp_python, "-c", "import llama_cpp"], capture_output=True)
+    probe = subprocess.run([args.llama_cpp_python, "-c", "import llama_cpp"], capture_output=True, check=False)
     if probe.returncode != 0:
         log(f"{args.llama_cpp_python} has no llama_cpp: skipping llama.cpp")
         return None
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                            rss_after_load=off["rss_after_load"], load_s=off["load_s"], ttft_s=off["ttft_s"])
             else:
                 row.update(decode_tok_s=float("nan"), offline_output_tok_s=float("nan"), rss_after_load=0)
-        except Exception as e:  # one broken format must not hide the others' figures
+        except Exception as e:  # noqa: BLE001 - one broken format must not hide the others' figures
             row["error"] = f"{type(e).__name__}: {e}"
         row["loadavg_end"] = os.getloadavg()
         rows.append(row)

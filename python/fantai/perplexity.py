@@ -61,11 +61,6 @@ def default_text_path() -> str:
     raise FileNotFoundError(f"no --text given and {DEFAULT_TEXT} not found from {os.getcwd()}")
 
 
-def weight_bytes(model: Any) -> int:
-    value = model.weight_bytes
-    return int(value() if callable(value) else value)
-
-
 def evaluate(model: str | None, text_file: str | None = None, context: int = 512, dtype: str = "auto",
              quantization: str = "none", dequantize: bool = False, threads: int | None = None) -> dict[str, Any]:
     from fantai.loader import load_model
@@ -77,6 +72,6 @@ def evaluate(model: str | None, text_file: str | None = None, context: int = 512
     ids = loaded.tokenizer.encode(text, add_special_tokens=False)
     result = perplexity(lambda w: loaded.model.score(w), ids, context)
     result.update({"model": loaded.path, "text": path, "dtype": loaded.model.dtype, "quantization": quantization,
-                   "dequantize": dequantize, "weight_bytes": weight_bytes(loaded.model),
+                   "dequantize": dequantize, "weight_bytes": loaded.model.weight_bytes(),
                    "load_seconds": loaded.load_seconds})
     return result

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from fantai.model_files import is_gguf_file, resolve_model
-from fantai.weights.gptq_awq import CanonicalWeight, canonical_to_awq, canonical_to_gptq, read_quantization_config
+from fantai.weights.gptq_awq import (
+    CanonicalWeight,
+    canonical_to_awq,
+    canonical_to_gptq,
+    read_quantization_config,
+)
 
 LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",

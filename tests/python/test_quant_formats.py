@@ -299,7 +299,6 @@ def _write_quantized_twin(src: Path, out: Path, dense: Path, fmt: str, bits: int
         parts = name.split(".")
         if len(parts) >= 2 and parts[-2] in LINEARS and parts[-1] == "weight":
             prefix = name[: -len(".weight")]
-            out_f, k = w.shape
             if fmt == "awq":
                 t, deq = _awq_quantize_given(w, group)
             else:
@@ -328,7 +327,7 @@ def _write_quantized_twin(src: Path, out: Path, dense: Path, fmt: str, bits: int
 
 def _gptq_quantize_given(rng: np.random.Generator, w: np.ndarray, bits: int, group: int, sym: bool,
                          act_order: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    out_f, k = w.shape
+    k = w.shape[1]
     g = k if group == -1 else group
     perm = rng.permutation(k) if act_order else np.arange(k)
     q_sorted, scale, zero = rtn_ref(w[:, perm], bits, g, sym)
@@ -367,8 +366,9 @@ def test_quantized_checkpoint_generates_like_its_dense_twin(tmp_path: Path, fmt:
     quant = LLM(str(qdir), dtype="float32", kv_cache_memory="16M")
     dense = LLM(str(ddir), dtype="float32", kv_cache_memory="16M")
     formats = quant._model.weight_formats()
-    assert any(fmt_name.startswith(("q", "int", "gptq", "awq")) or "4" in fmt_name or "8" in fmt_name
-               for fmt_name in formats.values()), formats
+    expect = f"int{bits}" + ("" if group == -1 else f"g{group}")
+    assert formats["model.layers.0.self_attn.q_proj.weight"] == expect, formats
+    assert formats["model.layers.1.mlp.down_proj.weight"] == expect
     prompts = [[5, 17, 99, 3, 250], [7, 8, 9, 10, 11, 12, 13]]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
@@ -430,31 +430,31 @@ def test_k_quant_gguf_loads_like_its_dequantized_twin(tmp_path: Path) -> None:
     dense = load_model(str(path), "float32", dequantize=True).model
     formats = quant.weight_formats()
     assert {"q4_k", "q5_k", "q6_k"} <= {v.lower() for v in formats.values()}, formats
-    assert _weight_bytes(quant) < _weight_bytes(dense) / 3
+    assert quant.weight_bytes() < dense.weight_bytes() / 3
     ids = [1, 5, 9, 33, 12, 40, 2, 7]
     np.testing.assert_allclose(quant.score(ids), dense.score(ids), atol=1e-3, rtol=1e-3)
     assert (quant.score(ids).argmax(-1) == dense.score(ids).argmax(-1)).all()
 
 
-def _weight_bytes(model: object) -> int:
-    value = model.weight_bytes  # type: ignore[attr-defined]
-    return int(value() if callable(value) else value)
-
 
 @needs_quant_core
-@pytest.mark.parametrize(("quantization", "min_agree", "max_ratio"), [("int8", 0.9, 0.45), ("int4", 0.5, 0.3)])
-def test_online_quantization(tmp_path: Path, quantization: str, min_agree: float, max_ratio: float) -> None:
-    """int8 / int4 at load: the linears shrink to ~1/4 and ~1/8 of f32 (embeddings stay dense)
-    and greedy tokens mostly follow the dense model's (measured agreement, asserted bound)."""
+@pytest.mark.parametrize(("quantization", "fmt", "min_agree", "min_saved"),
+                         [("int8", "int8", 0.9, 2.9), ("int4", "int4g32", 0.5, 3.3)])
+def test_online_quantization(tmp_path: Path, quantization: str, fmt: str, min_agree: float, min_saved: float) -> None:
+    """int8 / int4 at load: each linear weight drops from 4 bytes to ~1 (+ a scale per row) or
+    ~0.5 (+ a scale per 32), embeddings stay dense, and greedy tokens mostly follow the dense
+    model's (measured agreement, asserted bound)."""
     from fantai import LLM, SamplingParams
 
     src = build_tiny_model(tmp_path / "m", hidden=128, inter=256, vocab_size=256, layers=2)
     dense = LLM(str(src), dtype="float32", kv_cache_memory="16M")
     quant = LLM(str(src), dtype="float32", kv_cache_memory="16M", quantization=quantization)
-    assert set(quant._model.weight_formats().values()) - {"f32", "float32"}, quant._model.weight_formats()
+    formats = quant._model.weight_formats()
+    assert formats["model.layers.1.self_attn.k_proj.weight"] == formats["model.layers.0.mlp.up_proj.weight"] == fmt
+    assert formats["model.embed_tokens.weight"] == formats["lm_head.weight"] == "f32"
     n_linear = 2 * (4 * 128 * 128 - 2 * 128 * 64 + 3 * 128 * 256)  # q,o + k,v (kv heads 2 of 4) + mlp
-    saved = _weight_bytes(dense) - _weight_bytes(quant)
-    assert saved > (1 - max_ratio) * 4 * n_linear * 0.9
+    saved = dense._model.weight_bytes() - quant._model.weight_bytes()
+    assert min_saved * n_linear < saved < 3.5 * n_linear
     prompts = [[5 + i, 17, 99, 3 + i, 200] for i in range(8)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
@@ -476,7 +476,8 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 # ---- CLI: fantai quantize and fantai eval perplexity ---------------------------------------
 def _cli(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "fantai.cli", *args], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "fantai.cli", *args], capture_output=True, text=True, timeout=600,
+                         check=False)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -677,7 +678,6 @@ def test_quantize_writer_layout_round_trips(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_quantize_writes_tokenizer_from_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fantai
     from fantai.model_files import default_model_path
     from fantai.quantize import write_gguf_tokenizer
     from fantai.tokenizer import Tokenizer

@@ -270,7 +270,7 @@ class TensorIndex:
         self.files: dict[str, SafetensorsFile] = {}
         for file in checkpoint_files(path):
             st = SafetensorsFile(file)
-            for name in st.keys():
+            for name in st.header:
                 self.files[name] = st
 
     def quantized_modules(self) -> list[str]:

@@ -80,5 +80,5 @@ def iter_tensors(path: str) -> Iterator[tuple[str, SafetensorsFile]]:
     """(name, file) for every tensor of the checkpoint directory."""
     for file in checkpoint_files(path):
         st = SafetensorsFile(file)
-        for name in st.keys():
+        for name in st.header:
             yield name, st

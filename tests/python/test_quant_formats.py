@@ -438,13 +438,18 @@ def test_k_quant_gguf_loads_like_its_dequantized_twin(tmp_path: Path) -> None:
 
 
 @needs_quant_core
-@pytest.mark.parametrize(("quantization", "fmt", "min_agree", "min_saved"),
-                         [("int8", "int8", 0.9, 2.9), ("int4", "int4g32", 0.5, 3.3)])
-def test_online_quantization(tmp_path: Path, quantization: str, fmt: str, min_agree: float, min_saved: float) -> None:
+@pytest.mark.parametrize(("quantization", "fmt", "bits", "group", "min_saved", "max_rel", "min_top1"),
+                         [("int8", "int8", 8, -1, 2.9, 0.06, 0.85), ("int4", "int4g32", 4, 32, 3.3, 0.7, 0.3)])
+def test_online_quantization(tmp_path: Path, quantization: str, fmt: str, bits: int, group: int, min_saved: float,
+                             max_rel: float, min_top1: float) -> None:
     """int8 / int4 at load: each linear weight drops from 4 bytes to ~1 (+ a scale per row) or
-    ~0.5 (+ a scale per 32), embeddings stay dense, and greedy tokens mostly follow the dense
-    model's (measured agreement, asserted bound)."""
+    ~0.5 (+ a scale per 32); embeddings stay dense; the model is exactly the dense model of the
+    round-to-nearest weights (same greedy tokens); and its error against the unquantized model is
+    bounded. Measured on this random tiny model (large random weights amplify it; the default
+    model's perplexities are in bench_quant.py): relative logit error 0.039 (int8) / 0.53 (int4),
+    teacher-forced top-1 agreement 0.91 / 0.375."""
     from fantai import LLM, SamplingParams
+    from safetensors.numpy import load_file
 
     src = build_tiny_model(tmp_path / "m", hidden=128, inter=256, vocab_size=256, layers=2)
     dense = LLM(str(src), dtype="float32", kv_cache_memory="16M")
@@ -455,23 +460,34 @@ def test_online_quantization(tmp_path: Path, quantization: str, fmt: str, min_ag
     n_linear = 2 * (4 * 128 * 128 - 2 * 128 * 64 + 3 * 128 * 256)  # q,o + k,v (kv heads 2 of 4) + mlp
     saved = dense._model.weight_bytes() - quant._model.weight_bytes()
     assert min_saved * n_linear < saved < 3.5 * n_linear
-    prompts = [[5 + i, 17, 99, 3 + i, 200] for i in range(8)]
+
+    # the RTN twin: the dense model of _C.quantize_rtn's weights, built tensor by tensor
+    cfg = (src / "config.json").read_text()
+    twin = _C.Model.create(cfg, "float32", "cpu", 0)
+    for name, w in load_file(str(src / "model.safetensors")).items():
+        if name.split(".")[-2] in LINEARS:
+            r = _C.quantize_rtn(w, bits, group, True)
+            w = _C.quant_dequantize(r["q"], r["scale"], r["zero"], None, None, bits,
+                                    w.shape[1] if group == -1 else group)
+        twin.set_tensor(name, w)
+    twin.finalize()
+    ids = np.random.default_rng(0).integers(6, 256, 200).tolist()
+    lq, lt, ld = quant._model.score(ids), twin.score(ids), dense._model.score(ids)
+    np.testing.assert_allclose(lq, lt, atol=1e-5, rtol=1e-5)
+    centred = ld - ld.mean(axis=1, keepdims=True)
+    rel = float(np.linalg.norm(lq - ld) / np.linalg.norm(centred))
+    top1 = float((lq.argmax(1) == ld.argmax(1)).mean())
+    print(f"{quantization}: relative logit error {rel:.3f}, teacher-forced top-1 agreement {top1:.3f}")
+    assert rel < max_rel and top1 >= min_top1
+
+    prompts = [[5 + i, 17, 99, 3 + i, 200] for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
-    want = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
-    first = [_common_prefix(a, b) for a, b in zip(got, want)]
-    agree = sum(first) / sum(len(w) for w in want)
-    print(f"{quantization}: greedy prefix agreement {agree:.3f} ({first})")
-    assert agree >= min_agree
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    twin_llm = LLM(str(src), dtype="float32", kv_cache_memory="16M")
+    twin_llm._model = twin  # the engine below runs on the twin's weights
+    twin_llm.engine = _C.Engine(twin, twin_llm.options.core_config(twin_llm.tokenizer.eos_token_ids))
+    want = [o.outputs[0].token_ids for o in twin_llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
 
 
 # ---- CLI: fantai quantize and fantai eval perplexity ---------------------------------------
@@ -516,9 +532,12 @@ def test_quantize_cli_round_trip(tmp_path: Path, fmt: str, bits: int, group: int
     llm = LLM(str(out), dtype="float32", kv_cache_memory="16M")
     dense = LLM(str(src), dtype="float32", kv_cache_memory="16M")
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    a = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].outputs[0].token_ids
-    b = dense.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].outputs[0].token_ids
-    assert len(a) == 8 and (bits == 4 or a == b)
+    assert len(llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].outputs[0].token_ids) == 8
+    ids = np.random.default_rng(1).integers(6, 320, 100).tolist()
+    lq, ld = llm._model.score(ids), dense._model.score(ids)
+    top1 = float((lq.argmax(1) == ld.argmax(1)).mean())
+    print(f"{fmt} {bits}-bit: teacher-forced top-1 agreement with the source {top1:.2f}")
+    assert top1 >= (0.8 if bits == 8 else 0.2)
 
 
 @needs_quant_core

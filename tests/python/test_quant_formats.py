@@ -714,3 +714,21 @@ def test_quantize_writes_tokenizer_from_gguf(tmp_path: Path, monkeypatch: pytest
 
     hf = AutoTokenizer.from_pretrained(str(tmp_path))
     assert hf(text, add_special_tokens=False)["input_ids"] == original.encode(text, add_special_tokens=False)
+
+
+@needs_quant_core
+def test_generate_cli_takes_quantization_and_rejects_double_quantization(tmp_path: Path) -> None:
+    from fantai.loader import load_model
+
+    src = build_tiny_model(tmp_path / "src", hidden=64, inter=160)
+    out = subprocess.run([sys.executable, "-m", "fantai.cli", "generate", str(src), "--prompt", "w10 w11 w12",
+                          "--max-tokens", "4", "--quantization", "int4", "--kv-cache-memory", "16M"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("w")  # word-level vocabulary: generated words
+    with pytest.raises(ValueError, match="quantization"):
+        load_model(str(src), quantization="int3")
+    qdir = tmp_path / "q"
+    _write_quantized_twin(src, qdir, tmp_path / "dense", "awq", 4, 32, False, False)
+    with pytest.raises(ValueError, match="already quantized"):
+        load_model(str(qdir), quantization="int8")

@@ -3,7 +3,8 @@
 
 Formats: bf16 (the Q4_1 file dequantized: the unquantized reference), q4_1 (the file as shipped),
 q8_0 (bench/make_q8_0_gguf.py), int8 / int4 (online round-to-nearest of the dequantized weights),
-gptq / awq (4-bit, group 128, written by `fantai quantize` from the GGUF).
+gptq / awq (4-bit, group 64 — SmolLM2's 576 inputs are not whole groups of 128 — written by
+`fantai quantize` from the GGUF).
 
 Per format, each in fresh processes: weight bytes and RSS after load, load time, perplexity of
 bench/data/python_execmodel_import.txt (`fantai eval perplexity`: non-overlapping --context
@@ -58,10 +59,10 @@ def prepare(fmt: str, work: str, default: str) -> dict[str, Any]:
     if fmt in ("int8", "int4"):
         return {"model": default, "dtype": "bfloat16", "dequantize": True, "quantization": fmt}
     if fmt in ("gptq", "awq"):
-        path = os.path.join(work, f"SmolLM2-135M-Instruct-{fmt}-4bit-g128")
+        path = os.path.join(work, f"SmolLM2-135M-Instruct-{fmt}-4bit-g64")
         if not os.path.isfile(os.path.join(path, "model.safetensors")):
             subprocess.run([sys.executable, "-m", "fantai.cli", "quantize", default, "--format", fmt, "--bits", "4",
-                            "--group-size", "128", "--output", path], check=True, stdout=subprocess.DEVNULL)
+                            "--group-size", "64", "--output", path], check=True, stdout=subprocess.DEVNULL)
         return {"model": path, "dtype": "auto"}
     raise ValueError(f"unknown format {fmt!r} (one of {FORMATS})")
 

@@ -51,8 +51,6 @@ def rtn_quantize(w: np.ndarray, bits: int, group_size: int, sym: bool, fmt: str)
     from fantai import _C
 
     cols = w.shape[1]
-    if group_size != -1 and cols % group_size:
-        raise ValueError(f"in_features {cols} is not a multiple of group size {group_size}")
     res = _C.quantize_rtn(np.ascontiguousarray(w, dtype=np.float32), bits, group_size, sym)
     q, scale, zero = np.asarray(res["q"]), np.asarray(res["scale"]), np.asarray(res["zero"])
     if fmt == "gptq" and not sym:
@@ -98,7 +96,10 @@ def _gguf_source(path: str) -> tuple[dict[str, Any], Iterator[tuple[str, np.ndar
 
 def quantize_model(model: str | None, output: str, fmt: str, bits: int = 4, group_size: int = 128,
                    sym: bool = True) -> dict[str, Any]:
-    """Writes the quantized checkpoint to `output`; returns a summary (tensors, bytes)."""
+    """Writes the quantized checkpoint to `output`; returns a summary (tensors, bytes).
+
+    A last partial group (in_features not a multiple of group_size) is written as AutoGPTQ does
+    (ceil(in / group) scale rows); fantai and AutoGPTQ read it, vLLM's kernels need whole groups."""
     from safetensors.numpy import save_file
 
     fmt = fmt.lower()

@@ -59,17 +59,18 @@ from typing import Any
 
 
 def model_vocab(path: str) -> tuple[int, list[int]]:
-    """(vocab size, ids of non-normal tokens) from GGUF metadata, without loading the weights."""
-    from gguf import GGUFReader
+    """(vocab size, ids of special tokens) from GGUF metadata or an HF folder's tokenizer, without
+    loading the weights."""
+    if os.path.isdir(path):
+        from fantai.tokenizer import Tokenizer
 
-    r = GGUFReader(path)
-    tokens = r.fields["tokenizer.ggml.tokens"]
-    n = len(tokens.data)
-    special: list[int] = []
-    tt = r.fields.get("tokenizer.ggml.token_type")
-    if tt is not None:
-        special = [i for i, idx in enumerate(tt.data) if int(tt.parts[idx][0]) != 1]  # 1 = normal
-    return n, special
+        tok = Tokenizer.from_hf_dir(path)
+        return tok.vocab_size, sorted(set(tok.all_special_ids))
+    from fantai.weights.gguf_file import GGUFFile
+
+    meta = GGUFFile(path).metadata
+    types = meta.get("tokenizer.ggml.token_type") or []
+    return len(meta["tokenizer.ggml.tokens"]), [i for i, t in enumerate(types) if t != 1]  # 1 = normal
 
 
 def prompt_lengths(n: int, lo: int, hi: int, rng: random.Random) -> list[int]:

@@ -114,8 +114,8 @@ struct QWeight {
     std::mt19937 g(seed);
     t.q.resize(rows * cols);
     for (auto& v : t.q) v = static_cast<uint8_t>(g() & ((1u << f.bits) - 1));
-    t.scale.assign(rows * ng, 0.01f);
-    if (f.min) t.min.assign(rows * ng, -0.05f);
+    t.scale.assign(rows * ng, 0.0078125f);  // f16 values, as the GGUF formats hold them
+    if (f.min) t.min.assign(rows * ng, -0.0625f);
     bytes = be.quant_packed_bytes(t.view());
     mem = be.alloc(bytes);
     w = be.pack_quant(t.view(), mem);

@@ -150,8 +150,8 @@ QuantArrays quant_arrays(const py::object& q, const py::object& scale, const py:
   v.rows = a.q.shape(0);
   v.cols = a.q.shape(1);
   FANTAI_REQUIRE(bits == 4 || bits == 8, "bits must be 4 or 8, got " << bits);
-  FANTAI_REQUIRE(group > 0, "group must be positive, got " << group);
-  v.group = static_cast<int32_t>(std::min<int64_t>(group, std::max<int64_t>(v.cols, 1)));
+  FANTAI_REQUIRE(group > 0 || group == -1, "group must be positive or -1 (per channel), got " << group);
+  v.group = static_cast<int32_t>(group == -1 ? v.cols : std::min<int64_t>(group, v.cols));
   v.ld = v.cols;
   const int64_t ng = v.ngroups();
   auto need_shape = [&](const py::array& x, const char* what, int64_t r, int64_t c) {

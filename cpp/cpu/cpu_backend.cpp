@@ -44,7 +44,15 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(Isa isa, int num_threads)
       : isa_(isa), k_(kernels_for(isa)), qk_(qkernels_for(isa)), pool_(num_threads) {
-    FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size());
+    const char* qk = std::getenv("FANTAI_QUANT_KERNEL");
+    FANTAI_REQUIRE(!qk || !*qk || !std::strcmp(qk, "f32") || !std::strcmp(qk, "vnni"),
+                   "FANTAI_QUANT_KERNEL='" << qk << "' not understood (f32|vnni)");
+    if (isa == Isa::kAvx512 && cpu_has_avx512_vnni()) {
+      panel_fn_ = avx512_vnni_linear_panel();
+      panel_ = !(qk && !std::strcmp(qk, "f32"));
+    }
+    FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size()
+                                           << " quantized kernels=" << (panel_ ? "vnni" : "f32"));
   }
 
   std::string name() const override { return "cpu"; }
@@ -116,15 +124,16 @@ class CpuBackend final : public Backend {
   }
 
   size_t quant_packed_bytes(const QuantMatrix& canonical) const override {
-    return cpu_quant_packed_bytes(canonical);
+    return panel_ ? cpu_quant_panel_bytes(canonical) : cpu_quant_packed_bytes(canonical);
   }
   QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst) override {
-    return cpu_pack_quant(canonical, dst);
+    return panel_ ? cpu_pack_quant_panel(canonical, dst) : cpu_pack_quant(canonical, dst);
   }
 
   void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                 int64_t ldy) override {
-    FANTAI_REQUIRE(w.layout == kCpuQuantLayout, "linear_q: matrix was not packed by the cpu backend");
+    FANTAI_REQUIRE(w.layout == kCpuQuantLayout || (is_panel_layout(w.layout) && panel_fn_),
+                   "linear_q: matrix was not packed by this cpu backend");
     FANTAI_REQUIRE(m >= 0 && ldy >= w.rows, "linear_q: bad shape m=" << m << " ldy=" << ldy);
     if (m == 0) return;
     const int64_t n = w.rows, k = w.cols;
@@ -136,6 +145,7 @@ class CpuBackend final : public Backend {
         for (int64_t c = 0; c < k; ++c) gathered[r * k + c] = x[r * k + w.perm[c]];
       x = gathered.data();
     }
+    if (is_panel_layout(w.layout)) return linear_panel(x, w, bias, y, m, ldy);
     // Same split as the dense linear: 64-row blocks x 16-aligned column chunks, a few per thread.
     const int64_t row_block = 64;
     const int64_t row_blocks = ceil_div(m, row_block);
@@ -154,18 +164,56 @@ class CpuBackend final : public Backend {
   }
 
   void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override {
-    FANTAI_REQUIRE(table.layout == kCpuQuantLayout, "embedding_q: table was not packed by the cpu backend");
+    FANTAI_REQUIRE(table.layout == kCpuQuantLayout || is_panel_layout(table.layout),
+                   "embedding_q: table was not packed by the cpu backend");
     for (int64_t i = 0; i < n; ++i)
       FANTAI_REQUIRE(ids[i] >= 0 && ids[i] < table.rows, "embedding: token id " << ids[i] << " at "
                                                           << i << " is outside [0, " << table.rows << ")");
     const int64_t k = table.cols;
-    const auto fn = qk_.dequant_row;
+    const auto fn = is_panel_layout(table.layout) ? panel_dequant_row : qk_.dequant_row;
     std::vector<float> tmp(table.perm ? static_cast<size_t>(n * k) : 0);
     for_rows(n, k, [&](int64_t i) {
       if (!table.perm) return fn(table, ids[i], out + i * k);
       float* t = tmp.data() + i * k;
       fn(table, ids[i], t);
       for (int64_t c = 0; c < k; ++c) out[i * k + table.perm[c]] = t[c];
+    });
+  }
+
+  // The VNNI path: activations to int8 blocks once per call (per row, so batch invariant), then
+  // 16-row panels spread over the pool like the dense linear's column chunks.
+  void linear_panel(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy) {
+    const int64_t k = w.cols, panels = ceil_div(w.rows, 16);
+    const int32_t block = xq_block(w);
+    QuantizedRows xq;
+    xq.nblocks = ceil_div(k, block);
+    xq.ld = xq.nblocks * block;
+    std::vector<int8_t> q(static_cast<size_t>(m * xq.ld));
+    std::vector<float> d(static_cast<size_t>(m * xq.nblocks));
+    std::vector<int32_t> s(static_cast<size_t>(m * xq.nblocks));
+    quantize_rows_int8(x, m, k, block, q.data(), d.data(), s.data());
+    xq.q = q.data();
+    xq.d = d.data();
+    xq.s = s.data();
+    const int64_t row_block = 64;
+    const int64_t row_blocks = ceil_div(m, row_block);
+    const int T = pool_.size();
+    const int64_t want = (m * w.rows * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
+    // Decode tiles are 4 panels wide (4 independent vpdpbusd chains): keep chunks whole tiles.
+    const int64_t chunk = m == 1 ? 4 * std::max<int64_t>(1, (panels + 2 * want) / (4 * want))
+                                 : std::max<int64_t>(1, ceil_div(panels, want));
+    const int64_t chunks = ceil_div(panels, chunk);
+    const LinearPanelFn fn = panel_fn_;
+    pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {
+      const int64_t rb = t / chunks, cb = t % chunks;
+      const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
+      const int64_t p0 = cb * chunk, p1 = std::min(panels, p0 + chunk);
+      QuantizedRows part = xq;
+      part.q += r0 * xq.ld;
+      part.d += r0 * xq.nblocks;
+      part.s += r0 * xq.nblocks;
+      fn(part, w, bias, y + r0 * ldy, r1 - r0, ldy, p0, p1);
     });
   }
 
@@ -273,6 +321,10 @@ class CpuBackend final : public Backend {
   Isa isa_;
   const KernelTable& k_;
   const QKernelTable& qk_;
+  // Quantized matrices use the AVX-512 VNNI panel path (int8 activations) when the CPU has it,
+  // unless FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
+  LinearPanelFn panel_fn_ = nullptr;
+  bool panel_ = false;
   ThreadPool pool_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths

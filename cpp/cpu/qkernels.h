@@ -41,7 +41,53 @@ const QKernelTable* avx2_qkernels();
 const QKernelTable* avx512_qkernels();
 const QKernelTable& qkernels_for(Isa isa);
 
+// ---- AVX-512 VNNI path ---------------------------------------------------------------------------
+// Panel layout (QuantMatrix::layout == kCpuQuantPanelLayout): rows in panels of 16 (the last one
+// zero-padded); panel p's bytes at data + p * ld, group by group; within a group, per step of 4
+// columns (8-bit) or 8 columns (4-bit) 64 bytes: 4 consecutive bytes per row (row-major lanes),
+// so one vpdpbusd multiplies 16 rows by 4 activations with no horizontal sum. 4-bit: the low
+// nibbles hold columns c..c+3 and the high nibbles c+4..c+7. Groups are padded to whole steps.
+// scale / zero / min are panel-major: [panels, ngroups, 16]. When every scale and min is an f16
+// value (GGUF Q4_0/Q4_1/Q8_0 store them so) they are kept as f16 (kCpuQuantPanelHalfLayout;
+// the float pointers then point at uint16 data), which keeps the resident size at the file's.
+// Activations are quantized per row in blocks of xq_block(w) columns to int8 (round to nearest,
+// d = max|x| / 127), llama.cpp style; each block contributes
+//   scale * d * float(sum q*qx - zero * sum qx) + min * (d * sum qx)
+// in a fixed order (so the result is batch invariant, but not bit-equal to the f32 path).
+constexpr int32_t kCpuQuantPanelLayout = 2;
+constexpr int32_t kCpuQuantPanelHalfLayout = 3;
+inline bool is_panel_layout(int32_t layout) {
+  return layout == kCpuQuantPanelLayout || layout == kCpuQuantPanelHalfLayout;
+}
+bool cpu_has_avx512_vnni();
+size_t cpu_quant_panel_bytes(const QuantMatrix& canonical);
+QuantMatrix cpu_pack_quant_panel(const QuantMatrix& canonical, void* dst);
+// Panel matrix row r, stored column order, exact QuantMatrix formula (for embedding_q).
+void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out);
+
+// Activation blocks: 16 when the weight group is not a multiple of 32, else 32 (blocks never
+// straddle a group).
+inline int32_t xq_block(const QuantMatrix& w) { return w.group % 32 == 0 ? 32 : 16; }
+struct QuantizedRows {
+  int64_t ld = 0;       // bytes per row of q (k rounded up to the block, zero-padded)
+  int64_t nblocks = 0;  // per row
+  const int8_t* q = nullptr;
+  const float* d = nullptr;     // [m, nblocks]
+  const int32_t* s = nullptr;   // [m, nblocks]: sum of q in the block
+};
+// qx: m * ld bytes; d, s: m * nblocks each.
+void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d,
+                        int32_t* s);
+// y[r, 16 p + lane] for panels p in [p0, p1); nullptr when not built or not x86.
+using LinearPanelFn = void (*)(const QuantizedRows& x, const QuantMatrix& w, const float* bias,
+                               float* y, int64_t m, int64_t ldy, int64_t p0, int64_t p1);
+LinearPanelFn avx512_vnni_linear_panel();
+
 namespace ref {
+// The panel path's arithmetic with double accumulation over the same int8 activations: w
+// canonical, x already quantized (xq.q/d per block).
+void linear_q_int8x(const QuantizedRows& xq, const QuantMatrix& w, const float* bias, float* y,
+                    int64_t m, int64_t ldy);
 // On a canonical matrix (layout 0), double accumulation; y row stride ldy.
 void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
               int64_t ldy);

@@ -1,9 +1,16 @@
 // cpu: CPU packing of quantized matrices, the kernel-table picker, and the slow reference
 // (canonical layout, double accumulation) the kernels are tested against.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "common/check.h"
+#include "common/types.h"
 #include "cpu/qkernels.h"
 
 namespace fantai::cpu {
@@ -103,6 +110,171 @@ QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
   return p;
 }
 
+// ---- panel layout (AVX-512 VNNI) ----------------------------------------------------------------
+
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return detected_isa() == Isa::kAvx512 && (c & (1u << 11)) && avx512_vnni_linear_panel() != nullptr;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// Bytes of group g of one panel: whole 4-column (8-bit) or 8-column (4-bit) steps of 64 bytes.
+int64_t panel_group_bytes(const QuantMatrix& m, int64_t g) {
+  const int64_t len = std::min<int64_t>(m.group, m.cols - g * m.group);
+  const int64_t step = m.bits == 8 ? 4 : 8;
+  return (len + step - 1) / step * 64;
+}
+
+int64_t panel_ld(const QuantMatrix& m) {
+  const int64_t ng = m.ngroups();
+  return (ng - 1) * panel_group_bytes(m, 0) + panel_group_bytes(m, ng - 1);
+}
+
+bool is_half(float v) { return std::isfinite(v) && f16_to_f32(f32_to_f16(v)) == v; }
+
+// Whether every scale and min survives a round trip through f16.
+bool half_scales(const QuantMatrix& m) {
+  const int64_t n = m.rows * m.ngroups();
+  for (int64_t i = 0; i < n; ++i)
+    if (!is_half(m.scale[i]) || (m.min && !is_half(m.min[i]))) return false;
+  return true;
+}
+
+Offsets panel_offsets(const QuantMatrix& m, bool half) {
+  const int64_t panels = (m.rows + 15) / 16;
+  const size_t n = static_cast<size_t>(panels * m.ngroups() * 16);
+  const size_t es = half ? 2 : 4;
+  int32_t zp;
+  Offsets o;
+  size_t at = align64(static_cast<size_t>(panels * panel_ld(m)));
+  o.scale = at;
+  at = align64(at + n * es);
+  o.zero = at;
+  if (!uniform_zero(m, &zp)) at = align64(at + n);
+  o.min = at;
+  if (m.min) at = align64(at + n * es);
+  o.perm = at;
+  if (m.perm) at = align64(at + static_cast<size_t>(m.cols) * sizeof(int32_t));
+  o.total = at;
+  return o;
+}
+
+// Byte of (row r, column c) inside a panel-layout buffer, and whether it is the high nibble.
+size_t panel_pos(const QuantMatrix& m, int64_t r, int64_t c, int64_t ld, bool* high) {
+  const int64_t g = c / m.group, cg = c - g * m.group;
+  const int64_t base = (r / 16) * ld + g * panel_group_bytes(m, 0);
+  const int64_t lane = r % 16;
+  if (m.bits == 8) {
+    *high = false;
+    return static_cast<size_t>(base + (cg / 4) * 64 + lane * 4 + cg % 4);
+  }
+  const int64_t j = cg % 8;
+  *high = j >= 4;
+  return static_cast<size_t>(base + (cg / 8) * 64 + lane * 4 + j % 4);
+}
+
+}  // namespace
+
+size_t cpu_quant_panel_bytes(const QuantMatrix& m) {
+  check_quant_matrix(m);
+  return panel_offsets(m, half_scales(m)).total;
+}
+
+QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
+  check_quant_matrix(m);
+  const bool half = half_scales(m);
+  const Offsets o = panel_offsets(m, half);
+  char* base = static_cast<char*>(dst);
+  std::memset(base, 0, o.total);
+  QuantMatrix p = m;
+  p.layout = half ? kCpuQuantPanelHalfLayout : kCpuQuantPanelLayout;
+  p.ld = panel_ld(m);
+  uint8_t* out = reinterpret_cast<uint8_t*>(base);
+  const uint8_t* q = static_cast<const uint8_t*>(m.data);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t c = 0; c < m.cols; ++c) {
+      bool high;
+      const size_t at = panel_pos(m, r, c, p.ld, &high);
+      out[at] |= static_cast<uint8_t>(q[r * m.ld + c] << (high ? 4 : 0));
+    }
+  const int64_t ng = m.ngroups();
+  int32_t zp = 0;
+  const bool uniform = uniform_zero(m, &zp);
+  uint8_t* zero = uniform ? nullptr : reinterpret_cast<uint8_t*>(base + o.zero);
+  auto put = [&](size_t region, size_t at, float v) {
+    if (half) {
+      const uint16_t h = f32_to_f16(v);
+      std::memcpy(base + region + at * 2, &h, 2);
+    } else {
+      std::memcpy(base + region + at * 4, &v, 4);
+    }
+  };
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t g = 0; g < ng; ++g) {
+      const size_t at = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
+      put(o.scale, at, m.scale[r * ng + g]);
+      if (m.min) put(o.min, at, m.min[r * ng + g]);
+      if (zero) zero[at] = m.zero[r * ng + g];
+    }
+  p.scale = reinterpret_cast<const float*>(base + o.scale);
+  p.min = m.min ? reinterpret_cast<const float*>(base + o.min) : nullptr;
+  p.zero = zero;
+  p.zero_point = uniform ? zp : 0;
+  if (m.perm) {
+    std::memcpy(base + o.perm, m.perm, static_cast<size_t>(m.cols) * sizeof(int32_t));
+    p.perm = reinterpret_cast<const int32_t*>(base + o.perm);
+  }
+  p.data = base;
+  return p;
+}
+
+void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out) {
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  const int64_t ng = w.ngroups();
+  for (int64_t c = 0; c < w.cols; ++c) {
+    bool high;
+    const uint8_t b = data[panel_pos(w, r, c, w.ld, &high)];
+    const int q = w.bits == 8 ? b : high ? b >> 4 : b & 15;
+    const size_t i = static_cast<size_t>(((r / 16) * ng + c / w.group) * 16 + r % 16);
+    const int z = w.zero ? w.zero[i] : w.zero_point;
+    const bool half = w.layout == kCpuQuantPanelHalfLayout;
+    auto get = [&](const float* a) {
+      return half ? f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]) : a[i];
+    };
+    volatile float v = get(w.scale) * static_cast<float>(q - z);
+    out[c] = w.min ? v + get(w.min) : v;
+  }
+}
+
+void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d,
+                        int32_t* s) {
+  const int64_t nb = (k + block - 1) / block, ld = nb * block;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * k + b * block;
+      int8_t* qb = q + r * ld + b * block;
+      const int64_t len = std::min<int64_t>(block, k - b * block);
+      float amax = 0.f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float db = amax / 127.f;
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < block; ++i) {
+        const int v = i < len ? static_cast<int>(std::nearbyint(xb[i] * inv)) : 0;
+        qb[i] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+        sum += qb[i];
+      }
+      d[r * nb + b] = db;
+      s[r * nb + b] = sum;
+    }
+}
+
 const QKernelTable& qkernels_for(Isa isa) {
   FANTAI_REQUIRE(static_cast<int>(isa) <= static_cast<int>(detected_isa()),
                  "cpu: ISA level " << isa_name(isa) << " is not supported by this CPU");
@@ -133,6 +305,20 @@ void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y,
       for (int64_t c = 0; c < w.cols; ++c) {
         const int64_t src = w.perm ? w.perm[c] : c;
         s += static_cast<double>(x[r * w.cols + src]) * element(w, j, c);
+      }
+      y[r * ldy + j] = static_cast<float>(s);
+    }
+}
+
+void linear_q_int8x(const QuantizedRows& xq, const QuantMatrix& w, const float* bias, float* y,
+                    int64_t m, int64_t ldy) {
+  const int32_t B = xq_block(w);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < w.rows; ++j) {
+      double s = bias ? bias[j] : 0.0;
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const double xv = static_cast<double>(xq.q[r * xq.ld + c]) * xq.d[r * xq.nblocks + c / B];
+        s += xv * element(w, j, c);
       }
       y[r * ldy + j] = static_cast<float>(s);
     }

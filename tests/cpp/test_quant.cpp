@@ -225,6 +225,161 @@ TEST_P(QuantKernels, EmbeddingGathersDequantizedRows) {
 INSTANTIATE_TEST_SUITE_P(Isas, QuantKernels, ::testing::ValuesIn(levels()),
                          [](const auto& info) { return std::string(cpu::isa_name(info.param)); });
 
+// ---- AVX-512 VNNI panel path ---------------------------------------------------------------------
+
+Packed pack_panel(const QuantTensor& t) {
+  Packed p;
+  p.mem.resize(cpu::cpu_quant_panel_bytes(t.view()) + 64);
+  void* dst = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(p.mem.data()) + 63) & ~uintptr_t{63});
+  p.w = cpu::cpu_pack_quant_panel(t.view(), dst);
+  return p;
+}
+
+struct XQ {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> s;
+  cpu::QuantizedRows rows;
+};
+
+XQ quantize_x(const float* x, int64_t m, int64_t k, int32_t block) {
+  XQ r;
+  r.rows.nblocks = (k + block - 1) / block;
+  r.rows.ld = r.rows.nblocks * block;
+  r.q.resize(m * r.rows.ld);
+  r.d.resize(m * r.rows.nblocks);
+  r.s.resize(m * r.rows.nblocks);
+  cpu::quantize_rows_int8(x, m, k, block, r.q.data(), r.d.data(), r.s.data());
+  r.rows.q = r.q.data();
+  r.rows.d = r.d.data();
+  r.rows.s = r.s.data();
+  return r;
+}
+
+// Scales and mins rounded to f16 values, as GGUF Q4_0/Q4_1/Q8_0 hold them (the panel layout
+// then keeps them in f16).
+void round_scales_to_half(QuantTensor* t) {
+  for (auto& v : t->scale) v = f16_to_f32(f32_to_f16(v));
+  for (auto& v : t->min) v = f16_to_f32(f32_to_f16(v));
+}
+
+TEST(QuantPanel, DequantRowIsExact) {
+  uint32_t seed = 900;
+  for (bool half : {false, true})
+  for (const Spec& s : kSpecs)
+    for (int64_t rows : {5, 16, 37}) {
+      QuantTensor t = random_quant(rows, 100, s, seed++);
+      if (half) round_scales_to_half(&t);
+      const Packed p = pack_panel(t);
+      ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
+      QuantTensor stored = t;
+      stored.perm.clear();
+      std::vector<float> want(rows * 100), got(100);
+      cpu::ref::dequantize(stored.view(), want.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::panel_dequant_row(p.w, r, got.data());
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data() + r * 100, 400)) << "row " << r;
+      }
+    }
+}
+
+TEST(QuantPanel, HalfScalesKeepTheFileSize) {
+  // Q4_1-like: 4-bit, group 32, f16 scale and min: 16 + 2 + 2 bytes per 32 weights, as in GGUF.
+  QuantTensor t = random_quant(64, 576, {4, 32, false, true, false}, 31);
+  round_scales_to_half(&t);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 576 / 32 * 20);
+}
+
+TEST(QuantPanel, ActivationQuantizationRoundsPerBlock) {
+  const float x[40] = {1.f, -0.5f, 0.25f, 127.f};  // rest 0; second block all zero
+  const XQ q = quantize_x(x, 1, 40, 32);
+  EXPECT_EQ(q.d[0], 1.f);
+  EXPECT_EQ(q.q[0], 1);
+  EXPECT_EQ(q.q[1], 0);  // -0.5 rounds half to even
+  EXPECT_EQ(q.q[3], 127);
+  EXPECT_EQ(q.s[0], 128);
+  EXPECT_EQ(q.d[1], 0.f);
+  EXPECT_EQ(q.s[1], 0);
+}
+
+TEST(QuantPanel, LinearMatchesInt8Reference) {
+  if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
+  auto be = cpu::make_cpu_backend(Isa::kAvx512, 2);
+  uint32_t seed = 1000;
+  for (bool half : {false, true})
+  for (const Spec& s : kSpecs)
+    for (int64_t m : {1, 3, 17, 64})
+      for (int64_t k : {40, 100, 257}) {
+        const int64_t n = 37;
+        QuantTensor t = random_quant(n, k, s, seed++);
+        if (half) round_scales_to_half(&t);
+        const Packed p = pack_panel(t);
+        ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
+        const std::vector<float> x = randn(m * k, seed++);
+        const std::vector<float> bias = randn(n, seed++);
+        std::vector<float> xg = x;
+        if (!t.perm.empty())
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t c = 0; c < k; ++c) xg[r * k + c] = x[r * k + t.perm[c]];
+        const XQ xq = quantize_x(xg.data(), m, k, cpu::xq_block(p.w));
+        QuantTensor stored = t;
+        stored.perm.clear();
+        std::vector<float> got(m * n), want(m * n), exact(m * n), wd(n * k);
+        be->linear_q(x.data(), p.w, bias.data(), got.data(), m, n);
+        cpu::ref::linear_q_int8x(xq.rows, stored.view(), bias.data(), want.data(), m, n);
+        cpu::ref::linear_q(x.data(), t.view(), bias.data(), exact.data(), m, n);
+        cpu::ref::dequantize(stored.view(), wd.data());
+        double rel = 0, norm = 0;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            double mag = 0;
+            for (int64_t c = 0; c < k; ++c) mag += std::fabs(xg[r * k + c] * wd[j * k + c]);
+            ASSERT_NEAR(got[r * n + j], want[r * n + j], 4e-7 * k * mag + 1e-5)
+                << "bits " << s.bits << " group " << s.group << " m " << m << " k " << k;
+            rel += std::fabs(got[r * n + j] - exact[r * n + j]) / (mag + 1e-6);
+            norm += 1;
+          }
+        // int8 activations: the error against exact activations stays at the per-block rounding
+        // level (half a step of 1/127 of the block max, relative to sum |x||w|).
+        EXPECT_LT(rel / norm, 4e-3) << "bits " << s.bits << " group " << s.group;
+      }
+}
+
+TEST(QuantPanel, LinearIsBatchAndThreadInvariant) {
+  if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
+  auto be1 = cpu::make_cpu_backend(Isa::kAvx512, 1);
+  auto be2 = cpu::make_cpu_backend(Isa::kAvx512, 2);
+  for (const Spec& s : {Spec{4, 32, false, true, false}, Spec{8, 16, true, false, false}}) {
+    const int64_t m = 70, n = 301, k = 576;
+    const QuantTensor t = random_quant(n, k, s, 7);
+    const Packed p = pack_panel(t);
+    const std::vector<float> x = randn(m * k, 8);
+    std::vector<float> all(m * n), one(n), threaded(m * n);
+    be2->linear_q(x.data(), p.w, nullptr, all.data(), m, n);
+    be1->linear_q(x.data(), p.w, nullptr, threaded.data(), m, n);
+    ASSERT_EQ(0, std::memcmp(all.data(), threaded.data(), all.size() * 4));
+    for (int64_t r = 0; r < m; r += 3) {
+      be2->linear_q(x.data() + r * k, p.w, nullptr, one.data(), 1, n);
+      ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * n, n * 4)) << "row " << r;
+    }
+  }
+}
+
+TEST(QuantPanel, BackendPacksPanelsUnlessAskedForF32) {
+  if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
+  const QuantTensor t = random_quant(20, 64, {4, 32, false, true, false}, 5);
+  setenv("FANTAI_QUANT_KERNEL", "f32", 1);
+  auto f32 = cpu::make_cpu_backend(Isa::kAvx512, 1);
+  unsetenv("FANTAI_QUANT_KERNEL");
+  auto vnni = cpu::make_cpu_backend(Isa::kAvx512, 1);
+  std::vector<uint8_t> a(f32->quant_packed_bytes(t.view())), b(vnni->quant_packed_bytes(t.view()));
+  EXPECT_EQ(f32->pack_quant(t.view(), a.data()).layout, cpu::kCpuQuantLayout);
+  EXPECT_TRUE(cpu::is_panel_layout(vnni->pack_quant(t.view(), b.data()).layout));
+  setenv("FANTAI_QUANT_KERNEL", "fast", 1);
+  EXPECT_THROW(cpu::make_cpu_backend(Isa::kAvx512, 1), InvalidArgument);
+  unsetenv("FANTAI_QUANT_KERNEL");
+}
+
 TEST(QuantPack, RejectsMalformedMatrices) {
   QuantTensor t = random_quant(4, 48, {4, 32, false, false, false}, 3);
   t.q[5] = 16;  // not a 4-bit value

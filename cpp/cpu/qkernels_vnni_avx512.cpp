@@ -1,0 +1,204 @@
+// cpu: quantized linear on AVX-512 VNNI (vpdpbusd: u8 weights x s8 activations), row panels of
+// 16 (see kCpuQuantPanelLayout in qkernels.h). Per-file ISA flags; called only when the CPUID
+// probe found AVX512-VNNI.
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/qkernels.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#endif
+
+#if defined(__x86_64__) && ((defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)) || \
+                            (defined(__GNUC__) && !defined(__clang__)))
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+namespace fantai::cpu {
+namespace {
+
+#define FV_INLINE inline __attribute__((always_inline))
+
+FV_INLINE __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// 16 lanes of scale (or min) at element i: f32, or f16 in the half-scale layout.
+template <bool HS>
+FV_INLINE __m512 load_scale(const float* a, int64_t i) {
+  if constexpr (HS) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(a) + i)));
+  } else {
+    return _mm512_loadu_ps(a + i);
+  }
+}
+
+// R activation rows x PC panels. Integer sums inside a block are exact, so only the per-block
+// float updates have an order, and it is fixed by (k, group, block).
+template <int R, int PC, int BITS, bool HZ, bool HM, bool HS>
+FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                          int64_t ldy, int64_t p, int64_t r0) {
+  const int64_t k = w.cols, G = w.group, ng = w.ngroups();
+  const int B = xq_block(w);
+  const int64_t gbytes = BITS == 8 ? G * 16 : G * 8;  // bytes of a full group in a panel
+  const __m512i lo4 = _mm512_set1_epi8(0x0f);
+  __m512 facc[R][PC];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < PC; ++c) facc[r][c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    __m512 vs[PC], vz[PC], vm[PC];
+#pragma GCC unroll 4
+    for (int c = 0; c < PC; ++c) {
+      const int64_t gi = ((p + c) * ng + g) * 16;
+      vs[c] = load_scale<HS>(w.scale, gi);
+      if constexpr (HZ) {
+        vz[c] = w.zero ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero + gi))))
+                       : _mm512_set1_ps(static_cast<float>(w.zero_point));
+      }
+      if constexpr (HM) vm[c] = load_scale<HS>(w.min, gi);
+    }
+    const int64_t g0 = g * G, g1 = min64(g0 + G, k);
+    for (int64_t b0 = g0; b0 < g1; b0 += B) {
+      const int64_t blen = min64(B, g1 - b0);
+      const int64_t bi = b0 / B;
+      __m512i iacc[R][PC];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < PC; ++c) iacc[r][c] = _mm512_setzero_si512();
+      // Byte offset of this block inside each panel's row of groups.
+      const int64_t boff = g * gbytes + (b0 - g0) * (BITS == 8 ? 16 : 8);
+      if constexpr (BITS == 8) {
+        const int steps = static_cast<int>((blen + 3) / 4);
+        for (int t = 0; t < steps; ++t) {
+          __m512i xv[R];
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 4 * t);
+#pragma GCC unroll 4
+          for (int c = 0; c < PC; ++c) {
+            const __m512i wv = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld + boff + 64 * t);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wv, xv[r]);
+          }
+        }
+      } else {
+        const int steps = static_cast<int>((blen + 7) / 8);
+        for (int t = 0; t < steps; ++t) {
+          __m512i xl[R], xh[R];
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            xl[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t);
+            xh[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t + 4);
+          }
+#pragma GCC unroll 4
+          for (int c = 0; c < PC; ++c) {
+            const __m512i wb = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld + boff + 64 * t);
+            const __m512i wl = _mm512_and_si512(wb, lo4);
+            const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+              iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wl, xl[r]);
+              iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wh, xh[r]);
+            }
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float d = x.d[(r0 + r) * x.nblocks + bi];
+        const float sx = static_cast<float>(x.s[(r0 + r) * x.nblocks + bi]);
+        const __m512 vd = _mm512_set1_ps(d), vsx = _mm512_set1_ps(sx), vdsx = _mm512_set1_ps(d * sx);
+#pragma GCC unroll 4
+        for (int c = 0; c < PC; ++c) {
+          __m512 t = _mm512_cvtepi32_ps(iacc[r][c]);
+          if constexpr (HZ) t = _mm512_sub_ps(t, _mm512_mul_ps(vz[c], vsx));  // exact: integers < 2^24
+          facc[r][c] = _mm512_fmadd_ps(t, _mm512_mul_ps(vs[c], vd), facc[r][c]);
+          if constexpr (HM) facc[r][c] = _mm512_fmadd_ps(vm[c], vdsx, facc[r][c]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < PC; ++c) {
+    const int64_t j = (p + c) * 16;
+    const int n = static_cast<int>(min64(16, w.rows - j));
+    const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1u);
+    const __m512 vb = bias ? _mm512_maskz_loadu_ps(mk, bias + j) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j, mk, _mm512_add_ps(facc[r][c], vb));
+  }
+}
+
+template <int RR, int PC, int BITS, bool HZ, bool HM, bool HS>
+FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias,
+                          float* y, int64_t ldy, int64_t p, int64_t r0) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return panel_rows<RR - 1, PC, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r0);
+  }
+  panel_tile<RR, PC, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0);
+}
+
+template <int BITS, bool HZ, bool HM, bool HS>
+void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  if (m == 1) {
+    // Decode: 4 panels (64 rows) side by side give 4 independent vpdpbusd chains.
+    int64_t p = p0;
+    for (; p + 4 <= p1; p += 4) panel_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+    for (; p < p1; ++p) panel_tile<1, 1, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+    return;
+  }
+  constexpr int R = 4;
+  // ~8 panels (128 weight rows, L2-resident) swept by every 4-row tile of x.
+  for (int64_t pp = p0; pp < p1; pp += 8) {
+    const int64_t ppe = min64(pp + 8, p1);
+    for (int64_t r = 0; r < m; r += R) {
+      const int rows = static_cast<int>(min64(R, m - r));
+      int64_t p = pp;
+      for (; p + 2 <= ppe; p += 2) panel_rows<R, 2, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
+      for (; p < ppe; ++p) panel_rows<R, 1, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
+    }
+  }
+}
+
+template <int BITS, bool HZ, bool HM>
+void linear_panel_s(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  if (w.layout == kCpuQuantPanelHalfLayout) linear_panel_t<BITS, HZ, HM, true>(x, w, bias, y, m, ldy, p0, p1);
+  else linear_panel_t<BITS, HZ, HM, false>(x, w, bias, y, m, ldy, p0, p1);
+}
+
+void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                  int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
+  if (w.bits == 4) {
+    if (hz) hm ? linear_panel_s<4, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, true, false>(x, w, bias, y, m, ldy, p0, p1);
+    else hm ? linear_panel_s<4, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, false, false>(x, w, bias, y, m, ldy, p0, p1);
+  } else {
+    if (hz) hm ? linear_panel_s<8, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, true, false>(x, w, bias, y, m, ldy, p0, p1);
+    else hm ? linear_panel_s<8, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, false, false>(x, w, bias, y, m, ldy, p0, p1);
+  }
+}
+
+#undef FV_INLINE
+
+}  // namespace
+
+LinearPanelFn avx512_vnni_linear_panel() { return linear_panel; }
+
+}  // namespace fantai::cpu
+
+#else
+namespace fantai::cpu {
+LinearPanelFn avx512_vnni_linear_panel() { return nullptr; }
+}  // namespace fantai::cpu
+#endif

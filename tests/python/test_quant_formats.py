@@ -41,6 +41,15 @@ needs_quant_core = pytest.mark.skipif(
     reason="this core has no quantized weights (the C++ half lands on branch qcore)")
 
 
+@pytest.fixture(autouse=True)
+def f32_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Exact-activation kernels: a quantized model then computes what the dense model of its
+    # dequantized weights computes, which is what these tests compare. (The default on AVX512-VNNI
+    # CPUs quantizes activations to int8; test_quant_core.py and test_default_model_quant.py
+    # cover that path.) The backend reads this when a model is created; subprocesses inherit it.
+    monkeypatch.setenv("FANTAI_QUANT_KERNEL", "f32")
+
+
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
     a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))

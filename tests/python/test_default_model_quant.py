@@ -4,9 +4,9 @@ resident memory and greedy tokens against the same file dequantized to f32."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 import pytest

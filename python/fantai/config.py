@@ -43,6 +43,8 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | int8; see resolve_kv_cache_dtype
     device: str = "cpu"  # backend: "cpu", "cuda" or "cuda:N"
+    quantization: str = "none"  # online RTN of dense linear weights: "none" | "int8" | "int4"
+    dequantize: bool = False  # load a GGUF's quantized tensors as dense `dtype` weights (references)
 
     def __post_init__(self) -> None:
         resolve_kv_cache_dtype(self.kv_cache_dtype, "float32")  # a bad name fails before the model loads
@@ -91,7 +93,8 @@ class CoreHolder:
     """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
 
     def __init__(self, model: str | None, options: EngineOptions, chat_template: str | None) -> None:
-        loaded = load_model(model, options.dtype, options.threads, options.device)
+        loaded = load_model(model, options.dtype, options.threads, options.device,
+                            quantization=options.quantization, dequantize=options.dequantize)
         self.options = options
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer

@@ -59,17 +59,18 @@ from typing import Any
 
 
 def model_vocab(path: str) -> tuple[int, list[int]]:
-    """(vocab size, ids of non-normal tokens) from GGUF metadata, without loading the weights."""
-    from gguf import GGUFReader
+    """(vocab size, ids of special tokens) from GGUF metadata or an HF folder's tokenizer, without
+    loading the weights."""
+    if os.path.isdir(path):
+        from fantai.tokenizer import Tokenizer
 
-    r = GGUFReader(path)
-    tokens = r.fields["tokenizer.ggml.tokens"]
-    n = len(tokens.data)
-    special: list[int] = []
-    tt = r.fields.get("tokenizer.ggml.token_type")
-    if tt is not None:
-        special = [i for i, idx in enumerate(tt.data) if int(tt.parts[idx][0]) != 1]  # 1 = normal
-    return n, special
+        tok = Tokenizer.from_hf_dir(path)
+        return tok.vocab_size, sorted(set(tok.all_special_ids))
+    from fantai.weights.gguf_file import GGUFFile
+
+    meta = GGUFFile(path).metadata
+    types = meta.get("tokenizer.ggml.token_type") or []
+    return len(meta["tokenizer.ggml.tokens"]), [i for i, t in enumerate(types) if t != 1]  # 1 = normal
 
 
 def prompt_lengths(n: int, lo: int, hi: int, rng: random.Random) -> list[int]:
@@ -221,6 +222,10 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     if args.kv_cache_memory:
         kw["kv_cache_memory"] = args.kv_cache_memory
     t = time.perf_counter()
+    if args.quantization != "none":
+        kw["quantization"] = args.quantization
+    if args.dequantize:
+        kw["dequantize"] = True
     llm = LLM(args.model, dtype=dtype, threads=args.threads, seed=args.seed, **kw)
     load_s = time.perf_counter() - t
     rss_load = current_rss_bytes()
@@ -258,6 +263,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
         "system": "fantai", "version": getattr(fantai, "__version__", "?"), "build": build, "dtype": dtype,
         "kv_cache_dtype": llm.kv_cache_dtype,
         "import_s": import_s, "load_s": load_s, "rss_after_load": rss_load,
+        "quantization": args.quantization, "dequantize": args.dequantize, "weight_bytes": llm._model.weight_bytes(),
         "ttft_s": median(ttft), "ttft_all_s": ttft,
         "decode_tok_s": median(decode), "decode_all_tok_s": decode,
         "decode_tok_s_diff": out_len / (median(t_full) - median(ttft)),
@@ -439,7 +445,7 @@ def run_worker(spec: str, args: argparse.Namespace, workload_path: str) -> dict[
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help="GGUF file or HF folder (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--min-prompt", type=int, default=64)
@@ -456,6 +462,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fantai KV cache element type (default: auto, follows the weights)")
     p.add_argument("--enable-prefix-caching", action="store_true", help="fantai prefix caching (default off)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                   help="fantai: online quantization of dense linear weights")
+    p.add_argument("--dequantize", action="store_true",
+                   help="fantai: load the GGUF's quantized tensors dense (the unquantized reference)")
     p.add_argument("--json", default=None, help="write all figures to this JSON file")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_workload", default=None, help=argparse.SUPPRESS)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,6 +119,25 @@ class Backend {
   virtual void free(void* ptr) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Host memory <-> backend memory. On cpu both sides are host memory, so a memcpy; a device
+  // backend overrides them. copy() above is backend memory to backend memory only.
+  virtual void upload(void* dst, const void* host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
+  virtual void download(void* host_dst, const void* src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
+  // True when alloc() returns memory the host cannot dereference: the model then uploads the
+  // per-step metadata (token ids, positions, slots, block tables) once per step and downloads
+  // the logits once, instead of handing host pointers to the ops.
+  virtual bool is_device() const { return false; }
+  // Free bytes of the backend's memory for sizing the KV pool; < 0 means host memory (the engine
+  // then applies its own RAM-based default).
+  virtual int64_t free_memory() const { return -1; }
+  // Greedy sampling where the logits live: tokens[r] = argmax of logits row r (ties to the lowest
+  // id) and logprobs[r] = its log-softmax, both written to host memory, so a device backend
+  // returns 2 numbers per row instead of the vocab-wide row. Returns false when the backend leaves
+  // sampling to the host sampler (cpu).
+  virtual bool sample_greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                             float* logprobs) {
+    return false;
+  }
   // Gives the physical pages of [ptr, ptr + bytes) back (contents become undefined, the range
   // stays valid and is backed again on the next write). Default: keep them.
   virtual void release_pages(void* ptr, size_t bytes) {}

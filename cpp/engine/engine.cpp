@@ -48,7 +48,11 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
   const size_t per_block = model::KVCache::bytes_per_block(mc, config_.block_size, kv_dtype);
   int32_t num_blocks = config_.num_blocks;
   if (num_blocks <= 0) {
-    const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes : default_kv_cache_bytes();
+    // A device backend sizes the pool from its own free memory (weights already loaded).
+    const int64_t device_free = model_->backend()->free_memory();
+    const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes
+                          : device_free >= 0     ? device_free / 10 * 9
+                                                 : default_kv_cache_bytes();
     // Each layer's K and V buffers start 64-byte aligned and int8 scales start aligned after the
     // values: up to 2 x 63 bytes of padding per buffer, kept out of the blocks' share.
     const int64_t padding = int64_t{2} * 2 * 64 * mc.num_layers;
@@ -239,7 +243,11 @@ std::vector<StepOutput> Engine::step() {
   for (const ScheduledSeq& s : batch.seqs) {
     if (s.request->first_scheduled_time < 0) s.request->first_scheduled_time = t;
   }
-  const std::vector<float>& logits = runner_->run(batch);
+  std::vector<int32_t> greedy_tokens;
+  std::vector<float> greedy_logprobs;
+  const bool sampled_on_backend = model_->backend()->is_device() && plain_greedy_step(batch) &&
+                                  runner_->run_greedy(batch, &greedy_tokens, &greedy_logprobs);
+  const std::vector<float>& logits = sampled_on_backend ? empty_logits_ : runner_->run(batch);
   const double t_run = now_seconds();
   counters_.time_prepare_s += runner_->last_prepare_seconds();
   counters_.time_forward_s += t_run - t - runner_->last_prepare_seconds();
@@ -249,12 +257,41 @@ std::vector<StepOutput> Engine::step() {
   counters_.last_batch_decode = batch.num_decode_tokens;
   counters_.last_batch_prefill = batch.num_prefill_tokens;
   counters_.prompt_tokens += batch.num_prefill_tokens;
-  sample_and_postprocess(batch, logits, &outs);
+  if (!sampled_on_backend) {
+    sample_and_postprocess(batch, logits, &outs);
+  } else {
+    size_t i = 0;
+    for (const ScheduledSeq& s : batch.seqs) {
+      if (!s.sample) continue;
+      model::SampleResult res;
+      res.token = greedy_tokens[i];
+      res.logprob = greedy_logprobs[i++];
+      FANTAI_CHECK(res.token >= 0, "sample: request " << s.request->id << ": logits contain NaN");
+      postprocess(s.request, res, &outs);
+    }
+    last_sample_s_ = 0;  // sampled inside the forward on the device
+  }
   const double t_end = now_seconds();
   counters_.time_postprocess_s += t_end - t_run - last_sample_s_;
   counters_.time_sample_s += last_sample_s_;
   counters_.time_step_s += t_end - t_start;
   return outs;
+}
+
+bool Engine::plain_greedy_step(const ScheduledBatch& batch) const {
+  if (!pending_siblings_.empty()) return false;
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (!s.sample) continue;
+    const Request& r = *s.request;
+    const SamplingParams& p = r.params;
+    const bool bans = static_cast<int32_t>(r.output.size()) < p.min_tokens &&
+                      (!p.ignore_eos || !p.stop_token_ids.empty());
+    if (!p.greedy() || p.logprobs >= 0 || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
+        p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || bans) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vector<float>& logits,

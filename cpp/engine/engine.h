@@ -134,6 +134,10 @@ class Engine {
   FinishReason check_stop(const Request& r, int32_t token, int32_t* stop_id) const;
   StepOutput finish_output(Request& r, FinishReason reason);
   void postprocess(Request* r, const model::SampleResult& res, std::vector<StepOutput>* outs);
+  // True when every row this step samples is plain greedy (no penalties, bias, bans, logprobs or
+  // pending siblings), so the backend may pick the tokens where the logits live.
+  bool plain_greedy_step(const ScheduledBatch& batch) const;
+  const std::vector<float> empty_logits_;
   void fork_siblings(Request* parent, std::vector<Request*>* children);
   void finish_pending_siblings(uint64_t parent, FinishReason reason, std::vector<StepOutput>* outs);
 

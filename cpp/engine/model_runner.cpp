@@ -71,4 +71,16 @@ const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
   return logits_;
 }
 
+bool ModelRunner::run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* tokens,
+                             std::vector<float>* logprobs) {
+  if (!model_->backend()->is_device()) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  prepare(batch);
+  for (const auto& [src, dst] : batch.block_copies) cache_->copy_block(src, dst, model_->backend());
+  last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tokens->assign(fb_.num_logits, -1);
+  logprobs->assign(fb_.num_logits, 0.0f);
+  return model_->forward_greedy(fb_, *cache_, tokens->data(), logprobs->data());
+}
+
 }  // namespace fantai::engine

@@ -21,6 +21,9 @@ class ModelRunner {
   const std::vector<float>& run(const ScheduledBatch& batch);
   // Wall seconds of the last run()'s batch preparation (the rest of run() is the forward).
   double last_prepare_seconds() const { return last_prepare_s_; }
+  // Runs one step with greedy sampling on the backend (Model::forward_greedy): tokens and logprobs
+  // per sampled seq, in batch order. Returns false, running nothing, where the backend cannot.
+  bool run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* tokens, std::vector<float>* logprobs);
 
  private:
   void prepare(const ScheduledBatch& batch);

@@ -43,8 +43,14 @@ class Model {
   Backend* backend() const { return backend_.get(); }
   std::shared_ptr<Backend> backend_ptr() const { return backend_; }
 
-  // logits: [batch.num_logits, vocab_size] f32 (host memory on cpu).
+  // batch: host pointers. logits: [batch.num_logits, vocab_size] f32 in host memory (a device
+  // backend uploads the metadata and downloads the logits inside).
   void forward(const ForwardBatch& batch, KVCache& cache, float* logits);
+
+  // On a backend that samples greedily where the logits live (Backend::sample_greedy, device
+  // backends): the argmax token and its logprob per logits row instead of the logits. Returns
+  // false, computing nothing, when the backend cannot.
+  bool forward_greedy(const ForwardBatch& batch, KVCache& cache, int32_t* tokens, float* logprobs);
 
   // Logits for every position of one sequence, with a private KV cache of kv_dtype: [n, vocab_size].
   // For tests and scoring (e.g. the perplexity cost of a KV dtype); the engine never calls it.
@@ -58,6 +64,7 @@ class Model {
               float* y, int64_t m, int64_t n, int64_t k, bool packed = false);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
+  ForwardBatch stage_on_device(const ForwardBatch& host_batch);
 
   ModelConfig config_;
   DType dtype_;
@@ -68,6 +75,11 @@ class Model {
   // Step workspace, grown on demand, reused across steps (no allocation in the steady state).
   int32_t capacity_ = 0;
   Buffer residual_, normed_, qkv_, attn_out_, proj_out_, gate_up_, act_, last_res_, last_x_;
+  // Device backends only: per-step metadata (host staging and its device copy) and the logits.
+  std::vector<char> meta_host_;
+  Buffer meta_, logits_dev_;
+  int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
+  float* greedy_logprobs_ = nullptr;
 };
 
 }  // namespace fantai::model

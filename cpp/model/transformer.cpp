@@ -1,5 +1,7 @@
 // model: the decoder loop, written only in backend ops (embedding → layers → norm → lm_head).
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "common/check.h"
@@ -42,7 +44,7 @@ void Model::finalize() {
     }
   }
   cos_sin_ = Buffer(backend_.get(), table.size() * sizeof(float));
-  backend_->copy(cos_sin_.data(), table.data(), table.size() * sizeof(float));
+  backend_->upload(cos_sin_.data(), table.data(), table.size() * sizeof(float));
   FANTAI_LOG(kInfo, config_.summary() << "; weights " << dtype_name(dtype_) << ", "
                                       << weights_.total_bytes() / (1 << 20) << " MiB");
 }
@@ -110,19 +112,51 @@ void Model::mlp_block(int layer, int32_t n) {
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
 
-void Model::forward(const ForwardBatch& b, KVCache& cache, float* logits) {
+// On a device backend the ops cannot read the host metadata: pack it into one host block, upload
+// it once per step and point a copy of the batch at the device copy (logits_indices stays on the
+// host, the row gather below reads it there).
+ForwardBatch Model::stage_on_device(const ForwardBatch& b) {
+  const AttentionParams& a = b.attn;
+  const size_t n = static_cast<size_t>(b.num_tokens), seqs = static_cast<size_t>(a.num_seqs);
+  const size_t tables = seqs * static_cast<size_t>(a.max_blocks_per_seq);
+  // int64 slot_mapping first keeps it 8-byte aligned; the int32 arrays follow.
+  const size_t bytes = n * 8 + (2 * n + (seqs + 1) + seqs + tables) * 4;
+  meta_host_.resize(bytes);
+  if (meta_.bytes() < bytes) meta_ = Buffer(backend_.get(), std::max(bytes, 2 * meta_.bytes()), false);
+  char* h = meta_host_.data();
+  char* d = meta_.as<char>();
+  size_t off = 0;
+  auto put = [&](const void* src, size_t len) -> const void* {
+    std::memcpy(h + off, src, len);
+    const void* dev = d + off;
+    off += len;
+    return dev;
+  };
+  ForwardBatch out = b;
+  out.slot_mapping = static_cast<const int64_t*>(put(b.slot_mapping, n * 8));
+  out.token_ids = static_cast<const int32_t*>(put(b.token_ids, n * 4));
+  out.positions = static_cast<const int32_t*>(put(b.positions, n * 4));
+  out.attn.cu_seqlens_q = static_cast<const int32_t*>(put(a.cu_seqlens_q, (seqs + 1) * 4));
+  out.attn.context_lens = static_cast<const int32_t*>(put(a.context_lens, seqs * 4));
+  out.attn.block_tables = static_cast<const int32_t*>(put(a.block_tables, tables * 4));
+  backend_->upload(d, h, off);
+  return out;
+}
+
+void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logits) {
   const ModelConfig& c = config_;
-  const int32_t n = b.num_tokens;
+  const int32_t n = host_batch.num_tokens;
   FANTAI_CHECK(n > 0, "empty forward batch");
   ensure_workspace(n);
   Backend* be = backend_.get();
   const int64_t H = c.hidden_size;
   for (int32_t i = 0; i < n; ++i) {
-    FANTAI_REQUIRE(b.token_ids[i] >= 0 && b.token_ids[i] < c.vocab_size,
-                   "token id " << b.token_ids[i] << " is outside the vocabulary [0, " << c.vocab_size << ")");
-    FANTAI_REQUIRE(b.positions[i] < max_positions_,
-                   "position " << b.positions[i] << " exceeds max_position_embeddings " << max_positions_);
+    FANTAI_REQUIRE(host_batch.token_ids[i] >= 0 && host_batch.token_ids[i] < c.vocab_size,
+                   "token id " << host_batch.token_ids[i] << " is outside the vocabulary [0, " << c.vocab_size << ")");
+    FANTAI_REQUIRE(host_batch.positions[i] < max_positions_,
+                   "position " << host_batch.positions[i] << " exceeds max_position_embeddings " << max_positions_);
   }
+  const ForwardBatch b = be->is_device() ? stage_on_device(host_batch) : host_batch;
   float* residual = residual_.as<float>();
   float* normed = normed_.as<float>();
   if (!weights_.embed_q().empty()) be->embedding_q(b.token_ids, n, weights_.embed_q().front().w, residual);
@@ -140,17 +174,52 @@ void Model::forward(const ForwardBatch& b, KVCache& cache, float* logits) {
   }
   if (b.num_logits == 0) return;
   // Only rows that sample need the final norm and the (large) lm_head.
-  float* res_rows = last_res_.as<float>();
-  float* x_rows = last_x_.as<float>();
-  for (int32_t i = 0; i < b.num_logits; ++i) {
+  // A pure decode step samples every row in order: use the rows in place (the residual is not
+  // needed after this), saving two copies per row (separate transfers on a device backend).
+  bool in_place = b.num_logits == n;
+  for (int32_t i = 0; in_place && i < n; ++i) in_place = b.logits_indices[i] == i;
+  float* res_rows = in_place ? residual : last_res_.as<float>();
+  float* x_rows = in_place ? proj_out_.as<float>() : last_x_.as<float>();
+  for (int32_t i = 0; !in_place && i < b.num_logits; ++i) {
     const int32_t r = b.logits_indices[i];
     be->copy(res_rows + i * H, residual + static_cast<int64_t>(r) * H, H * sizeof(float));
     be->copy(x_rows + i * H, proj_out_.as<float>() + static_cast<int64_t>(r) * H, H * sizeof(float));
   }
   be->add_rms_norm(res_rows, x_rows, weights_.final_norm().as<float>(), normed, b.num_logits, H,
                    c.rms_norm_eps);
-  linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits, b.num_logits,
+  if (!be->is_device()) {
+    linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits, b.num_logits, c.vocab_size, H);
+    return;
+  }
+  const size_t logit_bytes = static_cast<size_t>(b.num_logits) * c.vocab_size * sizeof(float);
+  if (logits_dev_.bytes() < logit_bytes) logits_dev_ = Buffer(be, logit_bytes, false);
+  linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits_dev_.as<float>(), b.num_logits,
          c.vocab_size, H);
+  if (greedy_tokens_ != nullptr) {
+    FANTAI_CHECK(be->sample_greedy(logits_dev_.as<float>(), b.num_logits, c.vocab_size, greedy_tokens_,
+                                   greedy_logprobs_),
+                 "backend " << be->name() << " accepted greedy sampling, then declined it");
+    return;
+  }
+  be->download(logits, logits_dev_.data(), logit_bytes);  // waits for the step's work
+}
+
+bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* tokens, float* logprobs) {
+  if (!backend_->is_device()) return false;  // the host sampler is as cheap as it gets there
+  // Probe first so a declining backend costs nothing: sample_greedy on zero rows says yes or no,
+  // and a backend that says yes takes the real rows too, so forward needs no logits buffer.
+  if (!backend_->sample_greedy(nullptr, 0, config_.vocab_size, tokens, logprobs)) return false;
+  struct Reset {
+    Model* m;
+    ~Reset() {
+      m->greedy_tokens_ = nullptr;
+      m->greedy_logprobs_ = nullptr;
+    }
+  } reset{this};
+  greedy_tokens_ = tokens;
+  greedy_logprobs_ = logprobs;
+  forward(b, cache, nullptr);
+  return true;
 }
 
 std::vector<float> Model::score(const std::vector<int32_t>& ids, DType kv_dtype) {

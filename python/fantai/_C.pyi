@@ -54,6 +54,8 @@ class Model:
     config: ModelConfig
     dtype: str
     num_threads: int
+    backend: str
+    device_free_memory: int  # free bytes of a device backend's memory; -1 on cpu
     @staticmethod
     def from_pretrained(path: str, dtype: str = ..., backend: str = ..., threads: int = ...,
                         quantization: str = ...) -> Model: ...

@@ -1,4 +1,4 @@
-"""CLI room: the `fantai` console script (`fantai serve`, `generate`, `chat`, `bench`)."""
+"""CLI room: the `fantai` console script (`serve`, `generate`, `chat`, `bench`, `quantize`, `eval`)."""
 
 from __future__ import annotations
 
@@ -59,11 +59,18 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
                    help="KV cache element type (default: %(default)s: float32 for float32 weights, else "
                         "bfloat16; int8 stores int8 values with a float32 scale per token and KV head)")
+    p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                   help="quantize the dense linear weights at load, round-to-nearest: int8 per output "
+                        "channel, int4 in groups of 32 (embeddings and lm_head stay dense); GGUF, GPTQ "
+                        "and AWQ weights stay as stored (default: %(default)s)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of cached prompt prefixes (default: on; "
                         "--no-enable-prefix-caching turns it off)")
     p.add_argument("--seed", type=int, default=0,
                    help="engine seed for requests without their own (default: %(default)s)")
+    p.add_argument("--device", default="cpu", metavar="DEVICE",
+                   help="where the model runs: cpu, cuda or cuda:N (needs a CUDA build and an NVIDIA GPU; "
+                        "default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the model (default: all cores)")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
@@ -132,7 +139,69 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     chat.set_defaults(func=chat_command)
     add_bench_parser(sub, _add_engine_options, _engine_kwargs)
+    _add_quantize_parser(sub)
+    _add_eval_parser(sub)
     return parser
+
+
+def _add_quantize_parser(sub: Any) -> None:
+    q = sub.add_parser("quantize", help="write a GPTQ or AWQ checkpoint (round-to-nearest, no calibration)",
+                       description="Quantize the linear layers of MODEL (a dense Hugging Face folder or a "
+                       "GGUF, dequantized) to a GPTQ or AWQ Hugging Face folder that fantai, "
+                       "transformers, vLLM and AutoGPTQ/AutoAWQ read.")
+    q.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help=f"source model (default: the embedded {DEFAULT_MODEL_NAME} GGUF)")
+    q.add_argument("--format", required=True, choices=["gptq", "awq"], help="checkpoint layout")
+    q.add_argument("--bits", type=int, default=4, choices=[4, 8], help="bits per weight (AWQ: 4)")
+    q.add_argument("--group-size", type=int, default=128,
+                   help="input columns per scale; -1: one scale per output row (default: %(default)s)")
+    q.add_argument("--sym", action=argparse.BooleanOptionalAction, default=None,
+                   help="symmetric (zero point 2^(bits-1)) or, with --no-sym, asymmetric; default: "
+                        "symmetric for GPTQ, asymmetric for AWQ")
+    q.add_argument("--output", required=True, metavar="DIR", help="output folder")
+    q.set_defaults(func=quantize_command)
+
+
+def quantize_command(args: argparse.Namespace) -> int:
+    import json
+
+    from fantai.quantize import quantize_model
+
+    sym = args.sym if args.sym is not None else args.format == "gptq"
+    summary = quantize_model(args.model, args.output, args.format, args.bits, args.group_size, sym)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_eval_parser(sub: Any) -> None:
+    ev = sub.add_parser("eval", help="evaluate a model (perplexity)")
+    kinds = ev.add_subparsers(dest="eval_kind", required=True)
+    ppl = kinds.add_parser("perplexity", help="perplexity of a text over non-overlapping windows (JSON)",
+                           description="Mean negative log-likelihood of every token of --text given the "
+                           "ones before it in its window of --context tokens; prints JSON.")
+    ppl.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                     help=f"model folder or .gguf file (default: the embedded {DEFAULT_MODEL_NAME} GGUF)")
+    ppl.add_argument("--text", default=None, metavar="FILE",
+                     help="UTF-8 text to score (default: bench/data/python_execmodel_import.txt)")
+    ppl.add_argument("--context", type=int, default=512, help="tokens per window (default: %(default)s)")
+    ppl.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                     help="online quantization of dense linear weights (default: %(default)s)")
+    ppl.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    ppl.add_argument("--dequantize", action="store_true",
+                     help="load a GGUF's quantized tensors dense (in --dtype): the unquantized reference")
+    ppl.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    ppl.set_defaults(func=perplexity_command)
+
+
+def perplexity_command(args: argparse.Namespace) -> int:
+    import json
+
+    from fantai.perplexity import evaluate
+
+    result = evaluate(args.model, args.text, args.context, args.dtype, args.quantization, args.dequantize,
+                      args.threads)
+    print(json.dumps(result, indent=2))
+    return 0
 
 
 def _chat_template(value: str | None) -> str | None:
@@ -147,8 +216,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "kv_cache_memory": args.kv_cache_memory,
             "memory_utilization": args.memory_utilization, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
-            "block_size": args.block_size, "seed": args.seed, "threads": args.threads,
-            "enable_prefix_caching": args.enable_prefix_caching,
+            "block_size": args.block_size, "seed": args.seed, "threads": args.threads, "device": args.device,
+            "enable_prefix_caching": args.enable_prefix_caching, "quantization": args.quantization,
             "kv_cache_dtype": args.kv_cache_dtype,
             "chat_template": _chat_template(args.chat_template)}
 

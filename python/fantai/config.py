@@ -42,11 +42,15 @@ class EngineOptions:
     num_kv_blocks: int | None = None  # fixes the pool in blocks (tests, experiments)
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | int8; see resolve_kv_cache_dtype
+    device: str = "cpu"  # backend: "cpu", "cuda" or "cuda:N"
+    quantization: str = "none"  # online RTN of dense linear weights: "none" | "int8" | "int4"
+    dequantize: bool = False  # load a GGUF's quantized tensors as dense `dtype` weights (references)
 
     def __post_init__(self) -> None:
         resolve_kv_cache_dtype(self.kv_cache_dtype, "float32")  # a bad name fails before the model loads
 
-    def core_config(self, eos_token_ids: list[int], model_dtype: str = "float32") -> _C.EngineConfig:
+    def core_config(self, eos_token_ids: list[int], model_dtype: str = "float32",
+                    device_free_bytes: int = -1) -> _C.EngineConfig:
         c = _C.EngineConfig()
         c.block_size = self.block_size
         c.max_num_seqs = self.max_num_seqs
@@ -56,12 +60,14 @@ class EngineOptions:
         c.seed = self.seed
         c.eos_token_ids = list(eos_token_ids)
         c.num_blocks = self.num_kv_blocks or 0
-        c.kv_cache_bytes = self.kv_bytes()
+        c.kv_cache_bytes = self.kv_bytes(device_free_bytes)
         c.enable_prefix_caching = self.enable_prefix_caching
         c.kv_cache_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, model_dtype)
         return c
 
-    def kv_bytes(self) -> int:
+    def kv_bytes(self, device_free_bytes: int = -1) -> int:
+        """KV pool bytes; memory_utilization is a share of the device's free memory on a device
+        backend (device_free_bytes >= 0, weights already loaded) and of MemAvailable on cpu."""
         explicit = parse_bytes(self.kv_cache_memory)
         if explicit is not None:
             if explicit <= 0:
@@ -70,7 +76,8 @@ class EngineOptions:
         if self.memory_utilization is not None:
             if not 0.0 < self.memory_utilization <= 0.95:
                 raise ValueError(f"memory_utilization must be in (0, 0.95], got {self.memory_utilization}")
-            return int(_available_bytes() * self.memory_utilization)
+            free = device_free_bytes if device_free_bytes >= 0 else _available_bytes()
+            return int(free * self.memory_utilization)
         return 0  # the core's default share of available RAM
 
 
@@ -86,14 +93,16 @@ class CoreHolder:
     """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
 
     def __init__(self, model: str | None, options: EngineOptions, chat_template: str | None) -> None:
-        loaded = load_model(model, options.dtype, options.threads)
+        loaded = load_model(model, options.dtype, options.threads, options.device,
+                            quantization=options.quantization, dequantize=options.dequantize)
         self.options = options
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
         self.load_seconds = loaded.load_seconds
         self.chat_template = chat_template
         self._model = loaded.model
-        config = options.core_config(self.tokenizer.eos_token_ids, loaded.model.dtype)
+        config = options.core_config(self.tokenizer.eos_token_ids, loaded.model.dtype,
+                                     loaded.model.device_free_memory)
         self.kv_cache_dtype: str = config.kv_cache_dtype  # resolved: never "auto"
         self.engine = _C.Engine(loaded.model, config)
         self.max_model_len: int = self.engine.max_model_len

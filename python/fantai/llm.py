@@ -28,11 +28,12 @@ class LLM(CoreHolder):
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  seed: int = 0, threads: int | None = None, enable_chunked_prefill: bool = True,
                  num_kv_blocks: int | None = None, chat_template: str | None = None,
-                 enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto") -> None:
+                 enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto",
+                 device: str = "cpu", quantization: str = "none", dequantize: bool = False) -> None:
         super().__init__(model, EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization,
                                               max_num_seqs, max_num_batched_tokens, block_size, seed, threads,
                                               enable_chunked_prefill, num_kv_blocks, enable_prefix_caching,
-                                              kv_cache_dtype),
+                                              kv_cache_dtype, device, quantization, dequantize),
                          chat_template)
 
     def get_tokenizer(self) -> Any:

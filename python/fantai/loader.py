@@ -1,4 +1,5 @@
-"""Model loading: a Hugging Face directory (read by the C++ core) or a GGUF file (dequantized here)."""
+"""Model loading: a Hugging Face directory (read by the C++ core; GPTQ / AWQ ones unpacked here) or a
+GGUF file whose tensors go to the core as raw bytes, quantized types staying quantized."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fantai import _C
 from fantai.model_files import is_gguf_file, resolve_model
 from fantai.tokenizer import Tokenizer
 
+QUANTIZATION_CHOICES = ("none", "int8", "int4")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
 
 
@@ -34,38 +37,75 @@ class LoadedModel:
 
 
 def load_model(
-    model: str | None, dtype: str = "auto", threads: int | None = None, backend: str = "cpu"
+    model: str | None, dtype: str = "auto", threads: int | None = None, backend: str = "cpu",
+    quantization: str = "none", dequantize: bool = False,
 ) -> LoadedModel:
-    """Loads weights into the core and the tokenizer beside them; no network, no second copy."""
+    """Loads weights into the core and the tokenizer beside them; no network, no second copy.
+
+    quantization: online round-to-nearest of the linear layers of dense weights ("int8": per
+    channel, "int4": groups of 32); tensors a checkpoint already stores quantized stay as they are.
+    dequantize: load a GGUF's quantized tensors as dense weights of `dtype` (reference runs).
+    """
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization must be one of {QUANTIZATION_CHOICES}, got {quantization!r}")
     start = time.perf_counter()
     path = resolve_model(model)
+    threads = threads or 0
     if is_gguf_file(path):
-        core = _load_gguf(path, dtype, threads or 0, backend)
+        core, tokenizer = _load_gguf(path, dtype, threads, backend, quantization, dequantize)
     else:
-        core = _C.Model.from_pretrained(path, dtype, backend, threads or 0)
-    tokenizer = Tokenizer.from_model_path(path)
+        from fantai.weights.gptq_awq import load_quantized_checkpoint, read_quantization_config
+
+        quant_config = read_quantization_config(path)
+        if quant_config is not None:
+            if quantization != "none":
+                raise ValueError(f"{path} is already quantized ({quant_config.get('quant_method')}); "
+                                 f"online quantization {quantization!r} does not apply")
+            core = load_quantized_checkpoint(path, quant_config, dtype, backend, threads)
+        else:
+            core = _C.Model.from_pretrained(path, dtype, backend, threads, quantization)
+        tokenizer = Tokenizer.from_model_path(path)
     return LoadedModel(core, tokenizer, path, time.perf_counter() - start)
 
 
-def _load_gguf(path: str, dtype: str, threads: int, backend: str) -> _C.Model:
+def _load_gguf(path: str, dtype: str, threads: int, backend: str, quantization: str,
+               dequantize: bool) -> tuple[_C.Model, Tokenizer]:
     from fantai.weights.gguf_loader import load_gguf
 
     gguf = load_gguf(path)
     if dtype == "auto" and gguf.is_quantized():
-        # Quantized weights are dequantized at load: bf16 keeps decode bandwidth near the
-        # quantized file's and is what the CPU kernels convert in registers.
+        # Dense parts of a quantized file (norms, dequantized references) in bf16: what the CPU
+        # kernels convert in registers, and half of f32's bandwidth.
         dtype = "bfloat16"
-    core = _C.Model.create(json.dumps(gguf.config), dtype, backend, threads)
-    for name, array in gguf.tensors():  # one dequantized tensor alive at a time
-        core.set_tensor(name, array)
+    core = _C.Model.create(json.dumps(gguf.config), dtype, backend, threads, quantization)
+    _send_gguf_tensors(core, gguf, dequantize, quantization != "none")
     core.finalize()
-    del gguf
+    tokenizer = Tokenizer.from_gguf_metadata(gguf.tokenizer_metadata, gguf.eos_token_ids)
+    gguf.close()
     _return_freed_heap()
-    return core
+    return core, tokenizer
+
+
+def _send_gguf_tensors(core: _C.Model, gguf: Any, dequantize: bool, online_quantization: bool) -> None:
+    """Raw bytes (views of the mapping) to the core; 1-D tensors and dequantized references dense,
+    and F32/F16/BF16 matrices too when the core quantizes dense weights at load."""
+    from fantai.weights.gguf_loader import DENSE_TYPES, dequantize_raw
+
+    for t in gguf.raw_tensors():
+        if t.ndim == 1:
+            dense = dequantize_raw(t.data, t.ggml_type, (t.cols,))
+        elif dequantize and t.ggml_type not in DENSE_TYPES:
+            dense = _C.ggml_dequantize(t.data, t.ggml_type, t.rows, t.cols)
+        elif online_quantization and t.ggml_type in DENSE_TYPES:
+            dense = dequantize_raw(t.data, t.ggml_type, (t.rows, t.cols))
+        else:
+            core.set_tensor_ggml(t.hf_name, t.data, t.ggml_type, t.rows, t.cols, t.row_perm)
+            continue
+        core.set_tensor(t.hf_name, dense if t.row_perm is None else dense[t.row_perm])
 
 
 def _return_freed_heap() -> None:
-    """Dequantization churned through large temporaries; hand glibc's freed heap back to the OS."""
+    """Load-time temporaries are gone; hand glibc's freed heap back to the OS."""
     try:
         import ctypes
 

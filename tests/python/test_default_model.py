@@ -16,7 +16,9 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(dtype="float32", kv_cache_memory="256M")
+    # Dequantized to f32 like transformers' GGUF reader does; the quantized path is checked against
+    # this dense one in test_default_model_quant.py.
+    return LLM(dtype="float32", kv_cache_memory="256M", dequantize=True)
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +55,17 @@ def test_default_model_logits_close_to_transformers(llm: LLM, reference: object)
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
 
 
-def test_auto_dtype_of_a_quantized_gguf_is_bfloat16() -> None:
+def test_auto_dtype_of_a_quantized_gguf_is_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
     from fantai.loader import load_model
     from fantai.weights.gguf_loader import load_gguf
 
     assert load_gguf(default_model_path()).is_quantized()
     loaded = load_model(None)
     assert loaded.model.dtype == "bfloat16"
-    # bf16 weights still answer like the reference on an easy prompt.
+    # The quantized model at the auto dtype still answers like the reference on an easy prompt, with
+    # exact activations. (The AVX512-VNNI default, int8 activations like llama.cpp, answers this one
+    # as llama.cpp does: "L'Étoile, la Marseillaise, ..."; test_default_model_quant.py bounds it.)
+    monkeypatch.setenv("FANTAI_QUANT_KERNEL", "f32")
     assert "Paris" in LLM(kv_cache_memory="64M").chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0].text

@@ -116,10 +116,7 @@ def test_tensors_equal_transformers(model, hf_model):
     missing = {n for n in state if n not in seen and n != "lm_head.weight"}
     assert not missing
     # the comparison is not vacuous: the file's own q/k row order differs from HF's
-    from fantai.weights.gguf_loader import _dequantize
-
-    raw_k = _dequantize(model._reader.tensors[[t.name for t in model._reader.tensors].index(
-        "blk.0.attn_k.weight")])
+    raw_k = model.raw_dequantized("blk.0.attn_k.weight")
     assert not np.array_equal(raw_k, state["model.layers.0.self_attn.k_proj.weight"].numpy())
 
 

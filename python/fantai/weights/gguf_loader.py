@@ -1,4 +1,8 @@
-"""Weights room: GGUF reader giving an HF-style config and HF-layout tensors, one at a time."""
+"""Weights room: GGUF reader giving an HF-style config and HF-layout tensors, one at a time.
+
+The load path hands the core each tensor's raw bytes (a view of the file mapping) with its ggml
+type, so quantized weights stay quantized; `tensor()` still dequantizes for tests and tools.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
-from gguf.quants import dequantize
+
+from fantai.weights.gguf_file import GGML_TYPE_NAMES, GGUFFile, TensorInfo
+
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
+DENSE_TYPES = frozenset({GGML_F32, GGML_F16, GGML_BF16})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,18 +80,27 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return grouped.swapaxes(1, 2).reshape(w.shape)
 
 
+def unpermute_qk_rows(rows: int, n_head: int) -> np.ndarray:
+    """unpermute_qk as a row gather: destination row i takes source row perm[i]."""
+    return np.ascontiguousarray(unpermute_qk(np.arange(rows, dtype=np.int32), n_head))
+
+
+@dataclass(frozen=True, slots=True)
+class RawTensor:
+    """One GGUF tensor as the core takes it: raw bytes in HF row order (after row_perm)."""
+
+    hf_name: str
+    data: np.ndarray  # uint8 view of the file mapping
+    ggml_type: int
+    rows: int
+    cols: int
+    row_perm: np.ndarray | None  # int32 [rows] (elements for 1-D): destination i takes source row_perm[i]
+    ndim: int
+
+
 def _clean_float(x: float) -> float:
     # GGUF stores f32: 1e-5 reads back as 9.9999997e-06; give the shortest float32 repr instead.
     return float(str(np.float32(x)))
-
-
-def _read_fields(reader: GGUFReader) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        out[key] = field.contents()
-    return out
 
 
 def _torch_dtype(file_type: int | None) -> str:
@@ -112,15 +128,15 @@ class GGUFModel:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._reader = GGUFReader(path, "r")
-        self.metadata: dict[str, Any] = _read_fields(self._reader)
+        self._file = GGUFFile(path)
+        self.metadata: dict[str, Any] = self._file.metadata
         self.arch: str = self.metadata.get("general.architecture", "")
         if self.arch not in ARCHS:
             raise ValueError(
                 f"{path}: unsupported GGUF architecture {self.arch!r} (supported: {sorted(ARCHS)})"
             )
         self.spec = ARCHS[self.arch]
-        self._by_name: dict[str, ReaderTensor] = {t.name: t for t in self._reader.tensors}
+        self._by_name: dict[str, TensorInfo] = {t.name: t for t in self._file.tensors}
         self.tokenizer_metadata: dict[str, Any] = {
             k: v for k, v in self.metadata.items() if k.startswith("tokenizer.")
         }
@@ -183,53 +199,91 @@ class GGUFModel:
 
     def tensor_names(self) -> list[tuple[str, str]]:
         """(gguf_name, hf_name) for every tensor with an HF counterpart, in file order."""
-        pairs = ((t.name, hf_tensor_name(t.name)) for t in self._reader.tensors)
+        pairs = ((t.name, hf_tensor_name(t.name)) for t in self._file.tensors)
         return [(g, h) for g, h in pairs if h is not None]
 
     def is_quantized(self) -> bool:
         """True when any weight is stored in a block-quantized type (not F32/F16/BF16)."""
-        plain = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
-        return any(GGMLQuantizationType(t.tensor_type) not in plain for t in self._reader.tensors)
+        return any(t.ggml_type not in DENSE_TYPES for t in self._file.tensors)
+
+    def tensor_types(self) -> dict[str, str]:
+        """GGUF tensor name -> ggml type name (Q4_1, Q8_0, F32, ...)."""
+        return {t.name: GGML_TYPE_NAMES.get(t.ggml_type, str(t.ggml_type)) for t in self._file.tensors}
 
     def unmapped_tensor_names(self) -> list[str]:
         """GGUF tensors with no HF parameter (e.g. rope_freqs); tensors() skips them."""
-        return [t.name for t in self._reader.tensors if hf_tensor_name(t.name) is None]
+        return [t.name for t in self._file.tensors if hf_tensor_name(t.name) is None]
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """Yield (hf_name, array) one tensor at a time: HF layout [out, in], f32 (F16 stays f16)."""
         for gguf_name, hf_name in self.tensor_names():
             yield hf_name, self.tensor(gguf_name)
 
+    def close(self) -> None:
+        """Unmaps the file (its pages stop counting as resident once the core holds its copy)."""
+        self._file.close()
+
+    def raw_tensors(self) -> Iterator[RawTensor]:
+        """Every mapped tensor as raw bytes + type + the q/k row permutation: nothing dequantized."""
+        for gguf_name, hf_name in self.tensor_names():
+            yield self.raw_tensor(gguf_name, hf_name)
+
+    def raw_tensor(self, gguf_name: str, hf_name: str | None = None) -> RawTensor:
+        t = self._by_name[gguf_name]
+        rows, cols = t.rows_cols
+        heads = self._qk_heads(gguf_name)
+        n = rows if len(t.shape) >= 2 else cols  # a 1-D q/k bias is permuted element-wise
+        perm = unpermute_qk_rows(n, heads) if heads else None
+        return RawTensor(hf_name or hf_tensor_name(gguf_name) or gguf_name, self._file.tensor_bytes(t),
+                         t.ggml_type, rows, cols, perm, len(t.shape))
+
     def tensor(self, gguf_name: str) -> np.ndarray:
         """Dequantize one GGUF tensor into HF layout (q/k rows un-permuted where needed)."""
         t = self._by_name[gguf_name]
-        array = _dequantize(t)
-        if self.spec.permuted_qk:
-            array = self._maybe_unpermute(gguf_name, array)
-        return array
+        array = dequantize_raw(self._file.tensor_bytes(t), t.ggml_type, tuple(reversed(t.shape)))
+        heads = self._qk_heads(gguf_name)
+        return unpermute_qk(array, heads) if heads else array
 
-    def _maybe_unpermute(self, gguf_name: str, array: np.ndarray) -> np.ndarray:
+    def raw_dequantized(self, gguf_name: str) -> np.ndarray:
+        """One tensor dequantized in the file's own row order (no q/k un-permutation)."""
+        t = self._by_name[gguf_name]
+        return dequantize_raw(self._file.tensor_bytes(t), t.ggml_type, tuple(reversed(t.shape)))
+
+    def _qk_heads(self, gguf_name: str) -> int:
+        """Head count whose row permutation llama.cpp applied to this tensor, 0 for none."""
+        if not self.spec.permuted_qk:
+            return 0
         if ".attn_q." in gguf_name:
-            return unpermute_qk(array, self.config["num_attention_heads"])
+            return int(self.config["num_attention_heads"])
         if ".attn_k." in gguf_name:
-            return unpermute_qk(array, self.config["num_key_value_heads"])
-        return array
+            return int(self.config["num_key_value_heads"])
+        return 0
 
 
-def _dequantize(t: ReaderTensor) -> np.ndarray:
-    shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost-first
-    qtype = GGMLQuantizationType(t.tensor_type)
-    if qtype == GGMLQuantizationType.F16:
-        return np.array(t.data.view(np.float16)).reshape(shape)  # copy out of the mmap
+def dequantize_raw(data: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Dense copy of raw GGUF tensor bytes (gguf-py's NumPy dequantizers): f32, F16 stays f16."""
+    if ggml_type == GGML_F16:
+        return np.array(data.view(np.float16)).reshape(shape)  # copy out of the mmap
+    if ggml_type == GGML_F32:
+        return np.array(data.view(np.float32)).reshape(shape)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(ggml_type)
     try:
-        array = dequantize(t.data, qtype)
+        array = dequantize(data.reshape(-1, data.size // max(1, _rows(shape))), qtype)
     except NotImplementedError as e:
-        raise NotImplementedError(f"tensor {t.name}: GGUF type {qtype.name} unsupported") from e
-    if qtype == GGMLQuantizationType.F32:
-        array = np.array(array)  # F32 comes back as a view of the mmap
+        raise NotImplementedError(f"GGUF type {qtype.name} unsupported") from e
     return array.astype(np.float32, copy=False).reshape(shape)
 
 
+def _rows(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return n
+
+
 def load_gguf(path: str) -> GGUFModel:
-    """Open a GGUF file: metadata is read now, tensors lazily through GGUFModel.tensors()."""
+    """Open a GGUF file: metadata is read now, tensors lazily (raw_tensors() / tensors())."""
     return GGUFModel(path)

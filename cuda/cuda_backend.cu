@@ -1,0 +1,221 @@
+// cuda: the Backend on one NVIDIA GPU. All work goes to one stream in call order, so the model's
+// sequence of ops needs no other synchronisation; download() waits for the stream.
+#include "cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/logging.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace fantai::cuda {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    FANTAI_CUDA_CHECK(cudaSetDevice(device_));
+    FANTAI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cudaDeviceProp prop{};
+    FANTAI_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    name_ = std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", sm_" +
+            std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+    FANTAI_REQUIRE(prop.major >= 8, "the CUDA backend needs compute capability 8.0 or newer (bf16 tensor "
+                                    "cores); " << prop.name << " is sm_" << prop.major << prop.minor);
+    FANTAI_LOG(kInfo, "CUDA backend on " << name_ << ", " << prop.totalGlobalMem / (1 << 20) << " MiB");
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    if (workspace_) cudaFree(workspace_);
+    if (sample_buf_) cudaFree(sample_buf_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  int num_threads() const override { return 1; }
+  bool is_device() const override { return true; }
+  int64_t free_memory() const override {
+    bind();
+    size_t free_bytes = 0, total = 0;
+    FANTAI_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return static_cast<int64_t>(free_bytes);
+  }
+
+  void* alloc(size_t bytes) override {
+    bind();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) cudaGetLastError();  // not sticky: clear it so later checks see their own
+    FANTAI_REQUIRE(e == cudaSuccess, "CUDA out of memory allocating " << bytes / (1 << 20) << " MiB ("
+                                         << cudaGetErrorString(e) << "); lower kv_cache_memory / memory_utilization");
+    return p;
+  }
+  void free(void* ptr) override {
+    bind();
+    // The stream may still read this memory: finish it first (frees are rare: workspace growth).
+    cudaStreamSynchronize(stream_);
+    cudaFree(ptr);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    bind();
+    FANTAI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void fill_zero(void* dst, size_t bytes) override {
+    bind();
+    FANTAI_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+  }
+  // Pageable host memory: cudaMemcpyAsync stages it and returns once the source may be reused,
+  // so the caller's host buffer is free to change after upload() returns.
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    bind();
+    FANTAI_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  void download(void* host_dst, const void* src, size_t bytes) override {
+    bind();
+    FANTAI_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    FANTAI_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
+              int64_t n, int64_t k) override {
+    bind();
+    cuda::linear(x, w, w_dtype, bias, y, m, n, k, stream_);
+  }
+  void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                float eps) override {
+    bind();
+    cuda::rms_norm(x, weight, out, rows, dim, eps, stream_);
+  }
+  void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
+                    int64_t dim, float eps) override {
+    bind();
+    cuda::add_rms_norm(residual, x, weight, out, rows, dim, eps, stream_);
+  }
+  void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
+            int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+            const float* cos_sin) override {
+    bind();
+    cuda::rope(q, q_stride, k, k_stride, positions, num_tokens, num_q_heads, num_kv_heads, head_dim,
+               cos_sin, stream_);
+  }
+  void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
+                int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout) override {
+    bind();
+    cuda::store_kv(k, v, stride, slot_mapping, num_tokens, k_cache, v_cache, layout, stream_);
+  }
+  void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                 const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
+                 float* out) override {
+    bind();
+    const size_t need = attention_workspace_bytes(p.num_seqs, num_q_heads, p.max_context_len, layout.head_dim);
+    cuda::attention(q, q_stride, k_cache, v_cache, layout, p, num_q_heads, scale, out, workspace(need),
+                    stream_);
+  }
+  void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
+    bind();
+    cuda::silu_mul(gate_up, out, rows, inter, stream_);
+  }
+  void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
+                 float* out) override {
+    bind();
+    cuda::embedding(ids, n, table, dtype, dim, out, stream_);
+  }
+  void add(float* x, const float* y, int64_t n) override {
+    bind();
+    cuda::add(x, y, n, stream_);
+  }
+
+  size_t quant_packed_bytes(const QuantMatrix& canonical) const override {
+    return cuda::quant_packed_bytes(canonical);
+  }
+  QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst) override {
+    bind();
+    return cuda::pack_quant(canonical, dst, stream_);
+  }
+  void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                int64_t ldy) override {
+    bind();
+    cuda::linear_q(x, w, bias, y, m, ldy, stream_);
+  }
+  void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override {
+    bind();
+    cuda::embedding_q(ids, n, table, out, stream_);
+  }
+
+  bool sample_greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                     float* logprobs) override {
+    bind();
+    if (rows == 0) return true;
+    const size_t bytes = static_cast<size_t>(rows) * (sizeof(int32_t) + sizeof(float));
+    if (bytes > sample_bytes_) {
+      if (sample_buf_) free(sample_buf_);
+      sample_bytes_ = std::max(bytes, 2 * sample_bytes_);
+      sample_buf_ = alloc(sample_bytes_);
+    }
+    int32_t* d_tokens = static_cast<int32_t*>(sample_buf_);
+    float* d_logprobs = reinterpret_cast<float*>(d_tokens + rows);
+    cuda::greedy(logits, rows, vocab, d_tokens, d_logprobs, stream_);
+    FANTAI_CUDA_CHECK(cudaMemcpyAsync(tokens, d_tokens, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    download(logprobs, d_logprobs, rows * sizeof(float));  // synchronizes
+    return true;
+  }
+
+ private:
+  // The runtime's current device is per thread, and the engine loop runs ops on its own thread:
+  // every entry point makes ours current (a cheap query when it already is).
+  void bind() const {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != device_) FANTAI_CUDA_CHECK(cudaSetDevice(device_));
+  }
+
+  // Grown geometrically, never shrunk; replacing it waits for the stream (free() above).
+  void* workspace(size_t bytes) {
+    if (bytes == 0) return workspace_;
+    if (bytes > workspace_bytes_) {
+      if (workspace_) free(workspace_);
+      workspace_bytes_ = std::max(bytes, workspace_bytes_ * 2);
+      workspace_ = alloc(workspace_bytes_);
+    }
+    return workspace_;
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  std::string name_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  void* sample_buf_ = nullptr;  // greedy tokens + logprobs of one step
+  size_t sample_bytes_ = 0;
+};
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error so later calls report their own
+    return 0;
+  }
+  return n;
+}
+
+std::string device_unavailable_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device (") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")";
+  }
+  return n > 0 ? "" : "no CUDA device found";
+}
+
+std::shared_ptr<Backend> create_cuda_backend(int device) {
+  const std::string why = device_unavailable_reason();
+  FANTAI_REQUIRE(why.empty(), "backend 'cuda' is unavailable: " << why);
+  FANTAI_REQUIRE(device >= 0 && device < device_count(),
+                 "CUDA device " << device << " does not exist (" << device_count() << " visible)");
+  return std::make_shared<CudaBackend>(device);
+}
+
+}  // namespace fantai::cuda

@@ -35,9 +35,9 @@ Single-stream figures are medians of --repeats.
 
 Model files: the GGUF given by --model (default: the bundled SmolLM2-135M-Instruct Q4_1), and with
 --bf16 (default on) a bf16 copy of it written by bench/make_gguf.py (cached under --cache-dir), so
-that both systems also run at equal full precision. fantai dequantizes quantized GGUFs to bf16 at
-load (until quantized kernels land), so on the Q4_1 file it is NOT at equal precision with
-llama.cpp: the table says which weights each row computed with.
+that both systems also run at equal full precision. fantai keeps quantized GGUF weights quantized
+(its int8-activation VNNI kernels, like llama.cpp's); the table says which weight formats each row
+computed with (fantai: the core's weight_formats()).
 
     .venv/bin/python bench/compare_llamacpp.py --llama-cpp-python /tmp/lcpp-venv/bin/python --json out.json
     .venv/bin/python bench/compare_llamacpp.py --llama-cpp-python V/bin/python --num-prompts 8 --output-len 16
@@ -122,7 +122,7 @@ def worker_fantai(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, Any
     n_prompt = sum(len(p) for p in prompts)
     log(f"fantai: offline {n_out / wall:.1f} output tok/s ({r['num_steps']} steps)")
     return {"system": "fantai", "label": f"fantai {getattr(fantai, '__version__', '')}", "build": build,
-            "compute": f"{args.fantai_dtype} (from {args.model_kind})", "load_s": load_s,
+            "compute": "/".join(sorted(set(llm._model.weight_formats().values()))), "load_s": load_s,
             "ttft_s": median(ttft), "pp_tok_s": median(pp), "decode_tok_s": median(decode),
             "tg_tok_s": median(tg), "offline_wall_s": wall, "output_tokens": n_out, "prompt_tokens": n_prompt,
             "offline_output_tok_s": n_out / wall, "offline_total_tok_s": (n_prompt + n_out) / wall,

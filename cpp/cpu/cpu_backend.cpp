@@ -108,25 +108,31 @@ class CpuBackend final : public Backend {
     if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
   }
 
+  // The one split of a linear over the pool (dense and quantized): rows in blocks of 64 (an x block
+  // stays in L2 while weight tiles stream past it), columns in 16-aligned chunks sized for a few
+  // tasks per thread (dynamic balance). fn(r0, r1, j0, j1) computes rows [r0, r1) x cols [j0, j1).
+  template <typename Fn>
+  void for_each_linear_tile(int64_t m, int64_t n, int64_t k, const Fn& fn) {
+    const int64_t row_block = 64;
+    const int64_t row_blocks = ceil_div(m, row_block);
+    const int T = pool_.size();
+    const int64_t want_chunks = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
+    int64_t col_chunk = (ceil_div(n, want_chunks) + 15) / 16 * 16;
+    col_chunk = std::max<int64_t>(16, std::min<int64_t>(col_chunk, 2048));
+    const int64_t col_chunks = ceil_div(n, col_chunk);
+    pool_.parallel_for(row_blocks * col_chunks, [&](int64_t t, int) {
+      const int64_t r0 = t / col_chunks * row_block, j0 = t % col_chunks * col_chunk;
+      fn(r0, std::min(m, r0 + row_block), j0, std::min(n, j0 + col_chunk));
+    });
+  }
+
   void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
               int64_t n, int64_t k) override {
     FANTAI_REQUIRE(m >= 0 && n >= 0 && k > 0, "linear: bad shape m=" << m << " n=" << n << " k=" << k);
     FANTAI_REQUIRE(w_dtype != DType::kI8, "linear: int8 is a KV-cache-only dtype");
     if (m == 0 || n == 0) return;
-    // Rows in blocks of 64 (x block stays in L2 while weight tiles stream past it); columns in
-    // chunks of 16, sized so there are a few tasks per thread for dynamic balance.
-    const int64_t row_block = 64;
-    const int64_t row_blocks = ceil_div(m, row_block);
-    const int T = pool_.size();
-    int64_t want_chunks = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
-    int64_t col_chunk = (ceil_div(n, want_chunks) + 15) / 16 * 16;
-    col_chunk = std::max<int64_t>(16, std::min<int64_t>(col_chunk, 2048));
-    const int64_t col_chunks = ceil_div(n, col_chunk);
     const auto fn = k_.linear;
-    pool_.parallel_for(row_blocks * col_chunks, [&](int64_t t, int) {
-      const int64_t rb = t / col_chunks, cb = t % col_chunks;
-      const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
-      const int64_t j0 = cb * col_chunk, j1 = std::min(n, j0 + col_chunk);
+    for_each_linear_tile(m, n, k, [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
       fn(x + r0 * k, w, w_dtype, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
     });
   }
@@ -183,27 +189,17 @@ class CpuBackend final : public Backend {
     if (m == 0) return;
     const int64_t n = w.rows, k = w.cols;
     // Act-order: gather the activation columns once so the kernel reads x in stored order.
-    std::vector<float> gathered;
+    // The scratch is a member so act-order matrices allocate only when a batch outgrows it.
     if (w.perm) {
-      gathered.resize(static_cast<size_t>(m * k));
+      perm_scratch_.resize(std::max(perm_scratch_.size(), static_cast<size_t>(m * k)));
+      float* gathered = perm_scratch_.data();
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < k; ++c) gathered[r * k + c] = x[r * k + w.perm[c]];
-      x = gathered.data();
+      x = gathered;
     }
     if (is_panel_layout(w.layout)) return linear_panel(x, w, bias, y, m, ldy);
-    // Same split as the dense linear: 64-row blocks x 16-aligned column chunks, a few per thread.
-    const int64_t row_block = 64;
-    const int64_t row_blocks = ceil_div(m, row_block);
-    const int T = pool_.size();
-    int64_t want_chunks = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
-    int64_t col_chunk = (ceil_div(n, want_chunks) + 15) / 16 * 16;
-    col_chunk = std::max<int64_t>(16, std::min<int64_t>(col_chunk, 2048));
-    const int64_t col_chunks = ceil_div(n, col_chunk);
     const auto fn = qk_.linear_q;
-    pool_.parallel_for(row_blocks * col_chunks, [&](int64_t t, int) {
-      const int64_t rb = t / col_chunks, cb = t % col_chunks;
-      const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
-      const int64_t j0 = cb * col_chunk, j1 = std::min(n, j0 + col_chunk);
+    for_each_linear_tile(m, n, k, [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
       fn(x + r0 * k, w, bias, y + r0 * ldy, r1 - r0, ldy, j0, j1);
     });
   }
@@ -383,6 +379,7 @@ class CpuBackend final : public Backend {
   bool panel_ = false;
   bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
   ThreadPool pool_;
+  std::vector<float> perm_scratch_;  // linear_q act-order gather; the step thread is the only caller
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
 };

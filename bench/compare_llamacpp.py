@@ -30,6 +30,10 @@ Per system and model file:
   pp512             512 prompt tokens prefilled at once, first token sampled; 512 / time.
   TTFT              time to the first token of a 1-output-token request on the 128-token prompt.
   load              fantai: the LLM constructor; llama.cpp: model load + context creation.
+  start-up          a fresh process (a worker of this script) from its spawn to its first token:
+                    interpreter start, imports, load, a 1-token request on the 128-token prompt
+                    (fantai: LLM(...).generate; llama.cpp: load, context, prefill, argmax); median
+                    of --repeats fresh processes.
   peak RSS          ru_maxrss of the subprocess at its end.
 Single-stream figures are medians of --repeats.
 
@@ -296,6 +300,22 @@ def worker_llamacpp(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, A
             "all": {"ttft_s": ttft, "pp_tok_s": pp, "decode_tok_s": decode, "tg_tok_s": tg}}
 
 
+def worker_startup(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, Any]:
+    """Import, load and one token, as a user's fresh process does; the parent timed the spawn."""
+    prompt = wl["single"]
+    if args._worker == "fantai-start":
+        from fantai import LLM, SamplingParams
+
+        llm = LLM(args.model_path, dtype=args.fantai_dtype, threads=args.threads, seed=0,
+                  enable_prefix_caching=False)
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        token = out[0].outputs[0].token_ids[0]
+    else:
+        lc = LlamaCpp(args.model_path, len(prompt) + 16, 1, args.threads, n_batch=512, n_ubatch=512)
+        token = lc.prefill(prompt)
+    return {"first_token_unix": time.time(), "token": token}
+
+
 # ----------------------------------------------------------------------------------------------
 # Parent
 
@@ -333,6 +353,31 @@ def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path:
         os.unlink(out_path)
 
 
+def run_startup(args: argparse.Namespace, python: str, worker: str, common: list[str], wl_path: str) -> dict[str, Any]:
+    times, tokens = [], set()
+    for _ in range(args.repeats):
+        with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as out:
+            out_path = out.name
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(args.threads)
+        cmd = [python, os.path.abspath(__file__), "--_workload", wl_path, "--_out", out_path,
+               "--threads", str(args.threads), "--fantai-dtype", args.fantai_dtype, "--_worker", worker, *common]
+        try:
+            spawn = time.time()
+            proc = subprocess.run(cmd, env=env, stdout=sys.stderr)
+            if proc.returncode != 0:
+                return {"startup_error": f"{worker} exited {proc.returncode}"}
+            with open(out_path) as f:
+                res = json.load(f)
+        finally:
+            os.unlink(out_path)
+        times.append(res["first_token_unix"] - spawn)
+        tokens.add(res["token"])
+    log(f"{worker}: start-up to first token {median(times):.2f} s (all {', '.join(f'{t:.2f}' for t in times)})")
+    return {"startup_s": median(times), "startup_all_s": times, "startup_tokens": sorted(tokens)}
+
+
 def fmt(x: Any, spec: str) -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "–"
@@ -342,7 +387,7 @@ def fmt(x: Any, spec: str) -> str:
 COLUMNS = [("offline output tok/s", "offline_output_tok_s", ".1f", 1), ("offline total tok/s", "offline_total_tok_s",
            ".0f", 1), ("single-stream decode tok/s", "decode_tok_s", ".1f", 1), ("tg128 tok/s", "tg_tok_s", ".1f", 1),
            ("pp512 tok/s", "pp_tok_s", ".0f", 1), ("TTFT ms", "ttft_s", ".0f", 1e3), ("load s", "load_s", ".2f", 1),
-           ("peak RSS GB", "peak_rss", ".2f", 1e-9)]
+           ("start-up to 1st token s", "startup_s", ".2f", 1), ("peak RSS GB", "peak_rss", ".2f", 1e-9)]
 
 
 def table(groups: list[tuple[str, list[dict[str, Any]]]]) -> str:
@@ -400,7 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args._workload) as f:
             wl = json.load(f)
         args.parallel = args.parallel_one
-        res = worker_fantai(args, wl) if args._worker == "fantai" else worker_llamacpp(args, wl)
+        if args._worker.endswith("-start"):
+            res = worker_startup(args, wl)
+        else:
+            res = worker_fantai(args, wl) if args._worker == "fantai" else worker_llamacpp(args, wl)
         with open(args._out, "w") as f:
             json.dump(res, f)
         return 0
@@ -454,11 +502,13 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"fantai on {os.path.basename(path)}")
                 rows.append(run_worker(args, sys.executable, ["--_worker", "fantai", "--fantai-dtype",
                                                               args.fantai_dtype, *common], wl_path))
+                rows[-1].update(run_startup(args, sys.executable, "fantai-start", common, wl_path))
             if lcpp:
                 for n in (int(x) for x in args.parallel.split(",") if x.strip()):
                     log(f"llama.cpp -np {n} on {os.path.basename(path)}")
                     rows.append(run_worker(args, lcpp, ["--_worker", "llamacpp", "--_parallel", str(n), *common],
                                            wl_path))
+                    rows[-1].update(run_startup(args, lcpp, "llamacpp-start", common, wl_path))
             print(table(groups), file=sys.stderr, flush=True)
             if args.json:
                 with open(args.json, "w") as jf:

@@ -290,6 +290,22 @@ TEST(QuantPanel, HalfScalesKeepTheFileSize) {
   EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 576 / 32 * 20);
 }
 
+TEST(QuantPanel, HalfLayoutOnlyWhenEveryScaleIsAnF16Value) {
+  // The packer decides from the scale's bits; each value is set as the first scale of a matrix
+  // whose other scales are ordinary f16 values, and the layout must follow the f16 round trip.
+  const float values[] = {0.5f, -0.f, 65504.f, 65520.f, 1.f + 0x1p-10f, 1.f + 0x1p-11f, 0x1p-14f,
+                          0x1p-20f, 3 * 0x1p-24f, 0x1p-24f, 0x1p-25f, 5 * 0x1p-25f, 0x1p-126f,
+                          std::ldexp(1.f, -140), INFINITY};
+  for (float v : values) {
+    QuantTensor t = random_quant(16, 64, {4, 32, false, true, false}, 77);
+    round_scales_to_half(&t);
+    t.scale[0] = v;
+    const bool want = std::isfinite(v) && f16_to_f32(f32_to_f16(v)) == v;
+    const Packed p = pack_panel(t);
+    EXPECT_EQ(p.w.layout, want ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout) << "scale " << v;
+  }
+}
+
 TEST(QuantPanel, ActivationQuantizationRoundsPerBlock) {
   const float x[40] = {1.f, -0.5f, 0.25f, 127.f};  // rest 0; second block all zero
   const XQ q = quantize_x(x, 1, 40, 32);

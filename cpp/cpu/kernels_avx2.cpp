@@ -3,101 +3,24 @@
 #include <cstdint>
 
 #include "cpu/kernels.h"
+// Last: the rest of this file is AVX2 code (see the header).
+#include "cpu/vt_avx2.h"
 
-// Compiled without the per-file flags (a target in another CMake directory does not see the
-// top-level source properties): ask GCC for the ISA here. Everything included above stays baseline.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-#pragma GCC target("avx2,fma,f16c")
-#endif
-
-#if defined(__x86_64__) && ((defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)) || \
-                            (defined(__GNUC__) && !defined(__clang__)))
-#include <immintrin.h>
-
+#ifdef FANTAI_VT_AVX2
 namespace fantai::cpu {
 namespace avx2_impl {
+namespace {  // internal linkage: no symbol of one ISA can stand in for another
 
-alignas(32) static const int32_t kMaskTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
-                                                  0,  0,  0,  0,  0,  0,  0,  0};
-
-struct VT {
-  static constexpr const char* kName = "avx2";
-  static constexpr int W = 8;
+struct VT : vt_avx2::VT {
   // 16 ymm registers: 4x3 accumulators + 4 x rows + 1 weight row (x may come as a memory
   // operand); measured ahead of 3x4 and 2x4.
   static constexpr int kTileRows = 4, kTileCols = 3, kDecodeCols = 8;
   static constexpr int kAttnChunks = 2;  // 4 heads x 2 chunks = 8 of the 16 ymm
-  using V = __m256;
-
-  // First n lanes set (n in [0, 8]).
-  static __m256i mask(int n) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMaskTable + 8 - n)); }
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float a) { return _mm256_set1_ps(a); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V load_n(const float* p, int n) { return _mm256_maskload_ps(p, mask(n)); }
-  static void store(float* p, V a) { _mm256_storeu_ps(p, a); }
-  static void store_n(float* p, V a, int n) { _mm256_maskstore_ps(p, mask(n), a); }
-  static __m128i load8_u16_n(const uint16_t* p, int n) {
-    alignas(16) uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    __builtin_memcpy(t, p, static_cast<unsigned>(n) * 2);
-    return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
-  }
-  static V bf16x8(__m128i h) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  static V load_bf16(const uint16_t* p) { return bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static V load_bf16_n(const uint16_t* p, int n) { return bf16x8(load8_u16_n(p, n)); }
-  static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static V load_f16_n(const uint16_t* p, int n) { return _mm256_cvtph_ps(load8_u16_n(p, n)); }
-  static V i8x8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
-  static V load_i8(const int8_t* p) { return i8x8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-  static V load_i8_n(const int8_t* p, int n) {
-    alignas(16) int8_t t[16] = {};
-    __builtin_memcpy(t, p, static_cast<unsigned>(n));
-    return i8x8(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
-  }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
-  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static V div(V a, V b) { return _mm256_div_ps(a, b); }
-  static V max(V a, V b) { return _mm256_max_ps(a, b); }
-  static float hmax(V a) {  // max is exact: any order
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-  // (l0+l4, l1+l5, l2+l6, l3+l7) then ((0+2), (1+3)) then the pair: one fixed tree.
-  static float hsum(V a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-  // exp: range-reduce by ln2 (two-part constant), degree-5 polynomial, scale by 2^n.
-  static V exp(V x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.3762626647949f));
-    const V fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    V p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  }
 };
 
-namespace {  // internal linkage: no symbol of one ISA can stand in for another
 #include "cpu/kernels_impl.h"
-}  // namespace
 
+}  // namespace
 }  // namespace avx2_impl
 
 const KernelTable* avx2_kernels() { return &avx2_impl::kTable; }

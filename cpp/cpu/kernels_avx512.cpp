@@ -3,90 +3,24 @@
 #include <cstdint>
 
 #include "cpu/kernels.h"
+// Last: the rest of this file is AVX-512 code (see the header).
+#include "cpu/vt_avx512.h"
 
-// Compiled without the per-file flags (a target in another CMake directory does not see the
-// top-level source properties): ask GCC for the ISA here. Everything included above stays baseline.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__))
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
-#endif
-
-#if defined(__x86_64__) && ((defined(__AVX512F__) && defined(__AVX512BW__) && \
-    defined(__AVX512VL__) && defined(__AVX512DQ__)) || \
-                            (defined(__GNUC__) && !defined(__clang__)))
-// GCC 12 flags the intrinsics' own _mm512_undefined_* placeholders (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-
+#ifdef FANTAI_VT_AVX512
 namespace fantai::cpu {
 namespace avx512_impl {
+namespace {  // internal linkage: no symbol of one ISA can stand in for another
 
-struct VT {
-  static constexpr const char* kName = "avx512";
-  static constexpr int W = 16;
+struct VT : vt_avx512::VT {
   // 32 zmm registers: 6x4 accumulators + 6 x rows + 1 weight row (measured best of 4x4, 4x6,
   // 6x4, 8x3 for k=576 bf16/f32).
   static constexpr int kTileRows = 6, kTileCols = 4, kDecodeCols = 8;
   static constexpr int kAttnChunks = 4;  // 4 heads x 4 chunks = 16 accumulators
-  using V = __m512;
-
-  static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float a) { return _mm512_set1_ps(a); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
-  static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
-  static void store_n(float* p, V a, int n) { _mm512_mask_storeu_ps(p, mask(n), a); }
-  static V bf16x16(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static V load_bf16(const uint16_t* p) { return bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static V load_bf16_n(const uint16_t* p, int n) { return bf16x16(_mm256_maskz_loadu_epi16(mask(n), p)); }
-  static V load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static V load_f16_n(const uint16_t* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p)); }
-  static V load_i8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static V load_i8_n(const int8_t* p, int n) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask(n), p))); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static V div(V a, V b) { return _mm512_div_ps(a, b); }
-  static V max(V a, V b) { return _mm512_max_ps(a, b); }
-  static float hmax(V a) { return _mm512_reduce_max_ps(a); }  // max is exact: any order
-  // Halves folded 512->256->128, then the AVX2 file's tree: one fixed order.
-  static float hsum(V a) {
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-  // exp: range-reduce by ln2 (two-part constant), degree-5 polynomial, scale by 2^n.
-  static V exp(V x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.3762626647949f));
-    const V fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-    V p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  }
 };
 
-namespace {  // internal linkage: no symbol of one ISA can stand in for another
 #include "cpu/kernels_impl.h"
-}  // namespace
 
+}  // namespace
 }  // namespace avx512_impl
 
 const KernelTable* avx512_kernels() { return &avx512_impl::kTable; }

@@ -33,4 +33,17 @@ int32_t argmax_avx2(const float* l, int32_t n);
 MaxSumExp max_sum_exp_avx512(const float* l, int32_t n);
 int32_t argmax_avx512(const float* l, int32_t n);
 
+// The scalar ends those bodies share, after their vector part has covered l[0, nv) in nl lanes
+// (kept in the baseline sampler_reduce.cpp, so no ISA TU defines them).
+// r.max = max of the lanes' maxima, then of l[nv, n) in order. False, with r.sum = NaN, when the
+// row holds a NaN (any_nan: the vector part saw one) or its max is +inf: no sum to take then.
+bool finish_max(const float* lanes, int nl, bool any_nan, const float* l, int32_t nv, int32_t n,
+                MaxSumExp* r);
+// r.sum = the lanes' double sums in lane order, then exp(l[i] - r.max) for l[nv, n) in order.
+void finish_sum(const double* lanes, int nl, const float* l, int32_t nv, int32_t n, MaxSumExp* r);
+// Lane k holds its first maximum bv[k] at index bi[k]: the lowest index among the lanes holding
+// the maximum, then the tail l[nv, n) (later ids: strict). nv == 0: a plain scan of l.
+int32_t finish_argmax(const float* bv, const int32_t* bi, int nl, const float* l, int32_t nv,
+                      int32_t n);
+
 }  // namespace fantai::model::reduce

@@ -1,42 +1,15 @@
 // model: AVX-512 sampler row reductions (built with the AVX-512 flags; called only when the CPU
 // has them). See sampler_reduce.h for the contract.
-#include <cmath>
 #include <limits>
 
 #include "model/sampler_reduce.h"
 
-#if defined(__x86_64__)
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the intrinsics' own _mm*_undefined_* placeholders (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+// Last: the rest of this file is AVX-512 code (see the header).
+#include "cpu/vt_avx512.h"
 
+#ifdef FANTAI_VT_AVX512
 namespace fantai::model::reduce {
-namespace {
-
-// exp(d) for d <= 0 (Cephes expf: 2^n * p(r), |r| <= ln2/2); d < -87.3 (incl. -inf) gives 0.
-inline __m512 exp_nonpos(__m512 d) {
-  const __m512 lo = _mm512_set1_ps(-87.33654f);
-  const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ);
-  d = _mm512_max_ps(d, lo);
-  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(d, _mm512_set1_ps(1.44269504088896341f)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), d);
-  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
-}
-
-}  // namespace
+using VT = cpu::vt_avx512::VT;
 
 MaxSumExp max_sum_exp_avx512(const float* l, int32_t n) {
   const float kNegInf = -std::numeric_limits<float>::infinity();
@@ -51,30 +24,18 @@ MaxSumExp max_sum_exp_avx512(const float* l, int32_t n) {
   alignas(64) float lanes_max[16];
   _mm512_store_ps(lanes_max, mx);
   MaxSumExp r;
-  r.max = kNegInf;
-  for (float v : lanes_max) r.max = v > r.max ? v : r.max;
-  for (int32_t i = nv; i < n; ++i) {
-    if (std::isnan(l[i])) nan = 1;
-    r.max = l[i] > r.max ? l[i] : r.max;
-  }
-  if (nan || r.max == std::numeric_limits<float>::infinity()) {
-    r.sum = std::numeric_limits<double>::quiet_NaN();
-    return r;
-  }
+  if (!finish_max(lanes_max, 16, nan != 0, l, nv, n, &r)) return r;
   const __m512 m = _mm512_set1_ps(r.max);
   __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
   for (int32_t i = 0; i < nv; i += 16) {
-    const __m512 y = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(l + i), m));
+    const __m512 y = VT::exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(l + i), m));
     s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
     s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)));
   }
   alignas(64) double lanes[16];
   _mm512_store_pd(lanes, s0);
   _mm512_store_pd(lanes + 8, s1);
-  double sum = 0.0;
-  for (double v : lanes) sum += v;  // fixed order
-  for (int32_t i = nv; i < n; ++i) sum += std::exp(l[i] - r.max);
-  r.sum = sum;
+  finish_sum(lanes, 16, l, nv, n, &r);
   return r;
 }
 
@@ -96,32 +57,11 @@ int32_t argmax_avx512(const float* l, int32_t n) {
   alignas(64) int32_t bi[16];
   _mm512_store_ps(bv, best);
   _mm512_store_si512(bi, best_idx);
-  // The lowest index among the lanes holding the maximum, then the tail (later ids: strict).
-  int32_t arg = 0;
-  float val = l[0];
-  int32_t i = 1;
-  if (nv > 0) {
-    val = bv[0];
-    arg = bi[0];
-    for (int k = 1; k < 16; ++k) {
-      if (bv[k] > val || (bv[k] == val && bi[k] < arg)) {
-        val = bv[k];
-        arg = bi[k];
-      }
-    }
-    i = nv;
-  }
-  for (; i < n; ++i) {
-    if (l[i] > val) {
-      val = l[i];
-      arg = i;
-    }
-  }
-  return arg;
+  return finish_argmax(bv, bi, 16, l, nv, n);
 }
 
 }  // namespace fantai::model::reduce
-#else  // not x86-64: the dispatcher never picks this level; keep the symbols linkable.
+#else  // ISA not buildable here: the dispatcher never picks this level; keep the symbols linkable.
 namespace fantai::model::reduce {
 MaxSumExp max_sum_exp_avx512(const float* l, int32_t n) { return max_sum_exp_isa(cpu::Isa::kScalar, l, n); }
 int32_t argmax_avx512(const float* l, int32_t n) { return argmax_isa(cpu::Isa::kScalar, l, n); }

@@ -1,0 +1,122 @@
+// cpu: AVX-512 (F/BW/VL/DQ) vector traits VT, 16 lanes with mask-register tails: the one
+// definition behind kernels_avx512.cpp, qkernels_avx512.cpp and model/sampler_reduce_avx512.cpp.
+//
+// Include it last in a TU, after every baseline header: from here on the TU is AVX-512 code (the
+// per-file CMake flags, or the pragma below where a target in another CMake directory compiles
+// the file without them). VT sits in an anonymous namespace, so each TU gets its own copy with
+// internal linkage and no AVX-512 code can become the symbol a baseline caller links to; for the
+// same reason nothing here is an external-linkage inline function or a std:: template.
+// FANTAI_VT_AVX512 is defined when this compiler can build it; a TU falls back otherwise.
+#pragma once
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__))
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+
+#if defined(__x86_64__) && ((defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512DQ__)) || (defined(__GNUC__) && !defined(__clang__)))
+#define FANTAI_VT_AVX512 1
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the intrinsics' own _mm512_undefined_* placeholders (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace fantai::cpu::vt_avx512 {
+namespace {
+
+struct VT {
+  static constexpr const char* kName = "avx512";
+  static constexpr int W = 16;
+  using V = __m512;
+
+  static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float a) { return _mm512_set1_ps(a); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
+  static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
+  static void store_n(float* p, V a, int n) { _mm512_mask_storeu_ps(p, mask(n), a); }
+  // First n lanes of a, the rest 0.
+  static V keep_n(V a, int n) { return _mm512_maskz_mov_ps(mask(n), a); }
+  static V bf16x16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static V load_bf16(const uint16_t* p) { return bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V load_bf16_n(const uint16_t* p, int n) { return bf16x16(_mm256_maskz_loadu_epi16(mask(n), p)); }
+  static V load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V load_f16_n(const uint16_t* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p)); }
+  static V load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static V load_i8_n(const int8_t* p, int n) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask(n), p))); }
+  // 16 unsigned bytes, or the low / high nibbles of 16 bytes, as float lanes (quantized weights).
+  static V u8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static V nib_lo(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0f))));
+  }
+  static V nib_hi(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f))));
+  }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  // The product stays rounded: the empty asm hides it from FMA contraction with a following add.
+  static V mul_exact(V a, V b) {
+    V r = _mm512_mul_ps(a, b);
+    __asm__("" : "+v"(r));
+    return r;
+  }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static float hmax(V a) { return _mm512_reduce_max_ps(a); }  // max is exact: any order
+  // Halves folded 512->256->128, then the AVX2 tree (vt_avx2.h): one fixed order.
+  static float hsum(V a) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // exp (Cephes expf) of x already clamped to [-87.33654, 88.37626]: range-reduce by ln2
+  // (two-part constant), degree-5 polynomial, scale by 2^n.
+  static V exp_clamped(V x) {
+    const V fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    V p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  }
+  // exp of any x: clamped into exp_clamped's range (the kernels' softmax and SiLU).
+  static V exp(V x) {
+    return exp_clamped(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.3762626647949f)));
+  }
+  // exp of d <= 0 with d < -87.33654 (incl. -inf) flushed to 0 rather than clamped (the
+  // sampler's sum of exps, where those terms must vanish).
+  static V exp_nonpos(V d) {
+    const V lo = _mm512_set1_ps(-87.33654f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(keep, exp_clamped(_mm512_max_ps(d, lo)));
+  }
+};
+
+}  // namespace
+}  // namespace fantai::cpu::vt_avx512
+#endif

@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
                    "FANTAI_QUANT_KERNEL='" << qk << "' not understood (f32|vnni)");
     if (isa == Isa::kAvx512 && cpu_has_avx512_vnni()) {
       panel_fn_ = avx512_vnni_linear_panel();
+      if (QuantizeRowsFn f = avx512_quantize_rows_int8()) quant_rows_fn_ = f;
       panel_ = !(qk && !std::strcmp(qk, "f32"));
     }
     // AMX only on top of AVX-512 (the activation split uses it); FANTAI_AMX=0 turns it off (A/B).
@@ -241,7 +242,15 @@ class CpuBackend final : public Backend {
       xq_d_.resize(static_cast<size_t>(m * xq.nblocks));
       xq_s_.resize(static_cast<size_t>(m * xq.nblocks));
     }
-    quantize_rows_int8(x, m, k, block, xq_q_.data(), xq_d_.data(), xq_s_.data());
+    // Rows are independent; a prefill's worth is split over the pool (it ran on one thread and
+    // took a fifth of a Q4_1 prefill).
+    const QuantizeRowsFn quant = quant_rows_fn_;
+    const int64_t qchunk = 16, qchunks = m * k < kParallelMinWork ? 1 : ceil_div(m, qchunk);
+    pool_.parallel_for(qchunks, [&](int64_t t, int) {
+      const int64_t r0 = qchunks == 1 ? 0 : t * qchunk, r1 = qchunks == 1 ? m : std::min(m, r0 + qchunk);
+      quant(x + r0 * k, r1 - r0, k, block, xq_q_.data() + r0 * xq.ld, xq_d_.data() + r0 * xq.nblocks,
+            xq_s_.data() + r0 * xq.nblocks);
+    });
     xq.q = xq_q_.data();
     xq.d = xq_d_.data();
     xq.s = xq_s_.data();
@@ -384,6 +393,7 @@ class CpuBackend final : public Backend {
   // Quantized matrices use the AVX-512 VNNI panel path (int8 activations) when the CPU has it,
   // unless FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
   LinearPanelFn panel_fn_ = nullptr;
+  QuantizeRowsFn quant_rows_fn_ = quantize_rows_int8;
   bool panel_ = false;
   bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
   ThreadPool pool_;

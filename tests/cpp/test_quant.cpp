@@ -318,6 +318,28 @@ TEST(QuantPanel, ActivationQuantizationRoundsPerBlock) {
   EXPECT_EQ(q.s[1], 0);
 }
 
+TEST(QuantPanel, Avx512ActivationQuantizationIsBitEqualToTheReference) {
+  const cpu::QuantizeRowsFn fast = cpu::avx512_quantize_rows_int8();
+  if (!fast || cpu::detected_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+  for (int32_t block : {16, 32})
+    for (int64_t k : {1, 15, 16, 17, 31, 32, 33, 100, 576}) {
+      const int64_t m = 5, nb = (k + block - 1) / block, ld = nb * block;
+      std::vector<float> x = randn(static_cast<size_t>(m * k), static_cast<uint32_t>(k * block));
+      for (int64_t i = 0; i < k; ++i) x[i] = 0.f;                            // an all-zero row
+      for (int64_t i = 0; i < k; ++i) x[k + i] = static_cast<float>(i % 9) - 4.f + (i % 2 ? 0.5f : 0.f);
+      x[k] = 127.f;                                                          // ties at .5 steps
+      for (int64_t i = 0; i < k; ++i) x[2 * k + i] *= 1e30f;                 // huge values
+      std::vector<int8_t> q0(m * ld, 99), q1(m * ld, -99);
+      std::vector<float> d0(m * nb), d1(m * nb);
+      std::vector<int32_t> s0(m * nb), s1(m * nb);
+      cpu::quantize_rows_int8(x.data(), m, k, block, q0.data(), d0.data(), s0.data());
+      fast(x.data(), m, k, block, q1.data(), d1.data(), s1.data());
+      EXPECT_EQ(q0, q1) << "k=" << k << " block=" << block;
+      EXPECT_EQ(0, std::memcmp(d0.data(), d1.data(), d0.size() * 4)) << "k=" << k;
+      EXPECT_EQ(s0, s1) << "k=" << k;
+    }
+}
+
 TEST(QuantPanel, LinearMatchesInt8Reference) {
   if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
   auto be = cpu::make_cpu_backend(Isa::kAvx512, 2);

@@ -26,7 +26,10 @@ struct VT {
   // 16 ymm registers: 4x3 accumulators + 4 x rows + 1 weight row (x may come as a memory
   // operand); measured ahead of 3x4 and 2x4.
   static constexpr int kTileRows = 4, kTileCols = 3, kDecodeCols = 8;
-  static constexpr int kAttnChunks = 2;  // 4 heads x 2 chunks = 8 of the 16 ymm
+  // Attention: 2 rows x 4 keys of score chains (8 accumulators, one VT::hsum_w); 4 rows x 2
+  // head_dim chunks of output accumulators (8 of the 16 ymm).
+  static constexpr int kAttnQkRows = 2, kAttnRows = 4, kAttnChunks = 2;
+  static constexpr int kAttnPrefetchBlocks = 1;  // how far ahead attention prefetches K/V
   using V = __m256;
 
   // First n lanes set (n in [0, 8]).
@@ -56,6 +59,8 @@ struct VT {
     __builtin_memcpy(t, p, static_cast<unsigned>(n));
     return i8x8(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
   }
+  // a * b + c with one rounding, spelled out so no compiler contraction choice can change it.
+  static float fma1(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
@@ -74,6 +79,23 @@ struct VT {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+  }
+  // Lane i = hsum(a[i]) for 8 vectors at once: the same tree per vector run transposed (IEEE
+  // addition commutes, so every lane is bit-identical to hsum's).
+  static V hsum_w(const V* a) {
+    V x[4], z[2];
+    for (int i = 0; i < 4; ++i)  // lanes 0-3: a[2i] folded 8->4; lanes 4-7: a[2i+1]
+      x[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                           _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; ++i) {  // half h: vectors 4i+h (lanes 0-1) and 4i+h+2 (lanes 2-3), 4->2
+      const __m256d lo = _mm256_unpacklo_pd(_mm256_castps_pd(x[2 * i]), _mm256_castps_pd(x[2 * i + 1]));
+      const __m256d hi = _mm256_unpackhi_pd(_mm256_castps_pd(x[2 * i]), _mm256_castps_pd(x[2 * i + 1]));
+      z[i] = _mm256_add_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi));
+    }
+    // Half h, lane m: vector h + 2m; then lanes back into vector order.
+    const V r = _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   }
   // exp: range-reduce by ln2 (two-part constant), degree-5 polynomial, scale by 2^n.
   static V exp(V x) {

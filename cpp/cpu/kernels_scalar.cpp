@@ -12,7 +12,9 @@ namespace scalar_impl {
 struct VT {
   static constexpr const char* kName = "scalar";
   static constexpr int W = 8;
-  static constexpr int kTileRows = 2, kTileCols = 4, kDecodeCols = 4, kAttnChunks = 1;
+  static constexpr int kTileRows = 2, kTileCols = 4, kDecodeCols = 4;
+  static constexpr int kAttnQkRows = 2, kAttnRows = 4, kAttnChunks = 1;
+  static constexpr int kAttnPrefetchBlocks = 1;  // how far ahead attention prefetches K/V
   struct V { float v[W]; };
 
   static V zero() { V r; for (int i = 0; i < W; ++i) r.v[i] = 0.f; return r; }
@@ -45,6 +47,7 @@ struct VT {
   }
   // Two roundings (no FMA on the baseline target); fixed, so still batch invariant.
   static V fma(V a, V b, V c) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r; }
+  static float fma1(float a, float b, float c) { return a * b + c; }  // two roundings, as fma
   static V add(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
   static V sub(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] - b.v[i]; return r; }
   static V mul(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i]; return r; }
@@ -57,6 +60,8 @@ struct VT {
     const float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
     return (s0 + s2) + (s1 + s3);
   }
+  // Lane i = hsum(a[i]) (the SIMD files compute W of them at once).
+  static V hsum_w(const V* a) { V r; for (int i = 0; i < W; ++i) r.v[i] = hsum(a[i]); return r; }
 };
 
 namespace {  // internal linkage: no symbol of one ISA can stand in for another

@@ -64,6 +64,10 @@ struct KernelTable {
   void (*to_f32)(const void* src, DType st, float* dst, int64_t n);
   // scratch: attn_scratch_floats(...) floats, 64-byte aligned.
   void (*attention)(const AttnItem& item, float* scratch);
+  // Test hook for the fixed-order reductions: lanes = W; for the W vectors x[i*W .. (i+1)*W),
+  // tree[i] = lane i of VT::hsum_w (all at once) and each[i] = VT::hsum of vector i alone.
+  int lanes;
+  void (*hsum_both)(const float* x, float* tree, float* each);
 };
 
 // nullptr where the file was not built for this target (non-x86).

@@ -578,7 +578,14 @@ void attention(const AttnItem& a, float* scratch) {
   }
 }
 
+void hsum_both(const float* x, float* tree, float* each) {
+  V a[W];
+  for (int i = 0; i < W; ++i) a[i] = VT::load(x + i * W);
+  VT::store(tree, VT::hsum_w(a));
+  for (int i = 0; i < W; ++i) each[i] = VT::hsum(a[i]);
+}
+
 const KernelTable kTable = {VT::kName, linear, rms_norm, add_rms_norm, rope, silu_mul, add, to_f32,
-                            attention};
+                            attention, W, hsum_both};
 
 #undef FT_INLINE

@@ -30,8 +30,20 @@ Per system and model file:
   pp512             512 prompt tokens prefilled at once, first token sampled; 512 / time.
   TTFT              time to the first token of a 1-output-token request on the 128-token prompt.
   load              fantai: the LLM constructor; llama.cpp: model load + context creation.
+  start-up          a fresh process (a worker of this script) from its spawn to its first token:
+                    interpreter start, imports, load, a 1-token request on the 128-token prompt
+                    (fantai: LLM(...).generate; llama.cpp: load, context, prefill, argmax); median
+                    of --repeats fresh processes.
   peak RSS          ru_maxrss of the subprocess at its end.
 Single-stream figures are medians of --repeats.
+
+Roofline (with --probe, default: build/wheel/bench/bench_kernels when it exists): the machine's
+peaks are measured by bench_kernels --only probe right before the systems run, on --threads
+threads: read bandwidth (512 MB array, mostly DRAM), f32 FMA, vdpbf16ps, AMX tdpbf16ps and
+vpdpbusd. Per row: decode GB/s = the model file's tensor bytes (all read once per decoded token;
+the tied embedding is the lm_head) x decode tok/s, as a fraction of the read bandwidth; pp512
+GFLOP/s = 2 x the matmul weights' elements other than the embedding (attention's own FLOPs left
+out, so the figure is a lower bound) x pp512 tok/s, as a fraction of each compute peak.
 
 Model files: the GGUF given by --model (default: the bundled SmolLM2-135M-Instruct Q4_1), and with
 --bf16 (default on) a bf16 copy of it written by bench/make_gguf.py (cached under --cache-dir), so
@@ -296,6 +308,22 @@ def worker_llamacpp(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, A
             "all": {"ttft_s": ttft, "pp_tok_s": pp, "decode_tok_s": decode, "tg_tok_s": tg}}
 
 
+def worker_startup(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, Any]:
+    """Import, load and one token, as a user's fresh process does; the parent timed the spawn."""
+    prompt = wl["single"]
+    if args._worker == "fantai-start":
+        from fantai import LLM, SamplingParams
+
+        llm = LLM(args.model_path, dtype=args.fantai_dtype, threads=args.threads, seed=0,
+                  enable_prefix_caching=False)
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        token = out[0].outputs[0].token_ids[0]
+    else:
+        lc = LlamaCpp(args.model_path, len(prompt) + 16, 1, args.threads, n_batch=512, n_ubatch=512)
+        token = lc.prefill(prompt)
+    return {"first_token_unix": time.time(), "token": token}
+
+
 # ----------------------------------------------------------------------------------------------
 # Parent
 
@@ -333,6 +361,86 @@ def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path:
         os.unlink(out_path)
 
 
+PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f32 FMA (zmm)",
+          "bf16dot_gflops": "probe peak vdpbf16ps (zmm)", "amx_bf16_gflops": "probe peak AMX tdpbf16ps",
+          "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)"}
+
+
+def run_probe(binary: str, threads: int) -> dict[str, float]:
+    """The machine's peaks from bench_kernels --only probe (first figure on each matching line)."""
+    out = subprocess.run([binary, "--only", "probe", "--threads", str(threads)], capture_output=True, text=True,
+                         check=True).stdout
+    peaks: dict[str, float] = {}
+    for line in out.splitlines():
+        for key, prefix in PROBES.items():
+            if line.startswith(prefix) and key not in peaks:
+                try:
+                    peaks[key] = float(line[len(prefix):].split()[0])
+                except (IndexError, ValueError):
+                    pass  # "not usable" lines (no AMX / VNNI here)
+    return peaks
+
+
+def model_costs(path: str) -> dict[str, float]:
+    """Bytes read per decoded token and matmul FLOPs per prefilled token, from the file's tensors."""
+    from gguf import GGUFReader
+
+    nbytes, flops = 0, 0
+    for t in GGUFReader(path).tensors:
+        nbytes += int(t.n_bytes)
+        if len(t.shape) > 1 and t.name != "token_embd.weight":
+            flops += 2 * int(t.n_elements)
+    return {"bytes_per_token": nbytes, "prefill_flops_per_token": flops}
+
+
+def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, dict[str, float]],
+             peaks: dict[str, float]) -> str:
+    names = [("f32 FMA", "fma_gflops"), ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
+             ("vpdpbusd", "vnni_gops")]
+    names = [(n, k) for n, k in names if k in peaks]
+    bw = peaks.get("read_gbs")
+    lines = ["| model file | system | decode GB/s | % of read BW " + (f"({bw:.1f} GB/s)" if bw else "") + " | pp512 GFLOP/s | "
+             + " | ".join(f"% of {n} ({peaks[k]:.0f})" for n, k in names) + " |",
+             "|" + "---|" * (5 + len(names))]
+    for fname, rows in groups:
+        c = costs[fname]
+        for r in rows:
+            if "error" in r:
+                continue
+            gbs = c["bytes_per_token"] * r["decode_tok_s"] * 1e-9
+            gf = c["prefill_flops_per_token"] * r["pp_tok_s"] * 1e-9
+            r["roofline"] = {"decode_gbs": gbs, "decode_bw_frac": gbs / bw if bw else None, "pp_gflops": gf,
+                             **{f"pp_frac_{k}": gf / peaks[k] for _, k in names}}
+            lines.append(f"| {fname} | {r['label']} | {gbs:.1f} | " + (f"{100 * gbs / bw:.0f}%" if bw else "–")
+                         + f" | {gf:.0f} | " + " | ".join(f"{100 * gf / peaks[k]:.0f}%" for _, k in names) + " |")
+    return "\n".join(lines)
+
+
+def run_startup(args: argparse.Namespace, python: str, worker: str, common: list[str], wl_path: str) -> dict[str, Any]:
+    times, tokens = [], set()
+    for _ in range(args.repeats):
+        with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as out:
+            out_path = out.name
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(args.threads)
+        cmd = [python, os.path.abspath(__file__), "--_workload", wl_path, "--_out", out_path,
+               "--threads", str(args.threads), "--fantai-dtype", args.fantai_dtype, "--_worker", worker, *common]
+        try:
+            spawn = time.time()
+            proc = subprocess.run(cmd, env=env, stdout=sys.stderr)
+            if proc.returncode != 0:
+                return {"startup_error": f"{worker} exited {proc.returncode}"}
+            with open(out_path) as f:
+                res = json.load(f)
+        finally:
+            os.unlink(out_path)
+        times.append(res["first_token_unix"] - spawn)
+        tokens.add(res["token"])
+    log(f"{worker}: start-up to first token {median(times):.2f} s (all {', '.join(f'{t:.2f}' for t in times)})")
+    return {"startup_s": median(times), "startup_all_s": times, "startup_tokens": sorted(tokens)}
+
+
 def fmt(x: Any, spec: str) -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "–"
@@ -342,7 +450,7 @@ def fmt(x: Any, spec: str) -> str:
 COLUMNS = [("offline output tok/s", "offline_output_tok_s", ".1f", 1), ("offline total tok/s", "offline_total_tok_s",
            ".0f", 1), ("single-stream decode tok/s", "decode_tok_s", ".1f", 1), ("tg128 tok/s", "tg_tok_s", ".1f", 1),
            ("pp512 tok/s", "pp_tok_s", ".0f", 1), ("TTFT ms", "ttft_s", ".0f", 1e3), ("load s", "load_s", ".2f", 1),
-           ("peak RSS GB", "peak_rss", ".2f", 1e-9)]
+           ("start-up to 1st token s", "startup_s", ".2f", 1), ("peak RSS GB", "peak_rss", ".2f", 1e-9)]
 
 
 def table(groups: list[tuple[str, list[dict[str, Any]]]]) -> str:
@@ -388,6 +496,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--probe", default=os.path.join(HERE, "..", "build", "wheel", "bench", "bench_kernels"),
+                   help="bench_kernels binary for the roofline peaks ('' to skip)")
     for hidden in ("--_worker", "--_workload", "--_out", "--model-path", "--model-kind"):
         p.add_argument(hidden, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_parallel", type=int, default=16, dest="parallel_one", help=argparse.SUPPRESS)
@@ -400,7 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args._workload) as f:
             wl = json.load(f)
         args.parallel = args.parallel_one
-        res = worker_fantai(args, wl) if args._worker == "fantai" else worker_llamacpp(args, wl)
+        if args._worker.endswith("-start"):
+            res = worker_startup(args, wl)
+        else:
+            res = worker_fantai(args, wl) if args._worker == "fantai" else worker_llamacpp(args, wl)
         with open(args._out, "w") as f:
             json.dump(res, f)
         return 0
@@ -440,6 +553,14 @@ def main(argv: list[str] | None = None) -> int:
     log(f"workload: {args.num_prompts} prompts, {n_prompt} prompt tokens, {args.output_len} output tokens each, "
         f"threads {args.threads}")
 
+    peaks: dict[str, float] = {}
+    if args.probe and os.access(args.probe, os.X_OK):
+        peaks = run_probe(args.probe, args.threads)
+        log("peaks: " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
+    else:
+        log(f"no roofline: {args.probe!r} is not an executable (build with FANTAI_BUILD_TESTS=ON)")
+    costs = {os.path.basename(path): model_costs(path) for path in files}
+
     groups: list[tuple[str, list[dict[str, Any]]]] = []
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(wl, f)
@@ -454,16 +575,18 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"fantai on {os.path.basename(path)}")
                 rows.append(run_worker(args, sys.executable, ["--_worker", "fantai", "--fantai-dtype",
                                                               args.fantai_dtype, *common], wl_path))
+                rows[-1].update(run_startup(args, sys.executable, "fantai-start", common, wl_path))
             if lcpp:
                 for n in (int(x) for x in args.parallel.split(",") if x.strip()):
                     log(f"llama.cpp -np {n} on {os.path.basename(path)}")
                     rows.append(run_worker(args, lcpp, ["--_worker", "llamacpp", "--_parallel", str(n), *common],
                                            wl_path))
+                    rows[-1].update(run_startup(args, lcpp, "llamacpp-start", common, wl_path))
             print(table(groups), file=sys.stderr, flush=True)
             if args.json:
                 with open(args.json, "w") as jf:
                     json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-                               "results": dict(groups)}, jf, indent=2)
+                               "peaks": peaks, "costs": costs, "results": dict(groups)}, jf, indent=2)
     finally:
         os.unlink(wl_path)
 
@@ -472,6 +595,13 @@ def main(argv: list[str] | None = None) -> int:
           f"tokens ({n_prompt} in all), {args.output_len} output tokens each, EOS ignored, greedy, prefix caching "
           f"off; single stream medians of {args.repeats}\n")
     print(table(groups))
+    if peaks:
+        print("\nRoofline (peaks measured by bench_kernels --only probe at the start of this run):\n")
+        print(roofline(groups, costs, peaks))
+        if args.json:
+            with open(args.json, "w") as jf:
+                json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                           "peaks": peaks, "costs": costs, "results": dict(groups)}, jf, indent=2)
     return 0 if all("error" not in r for _, rows in groups for r in rows) else 1
 
 

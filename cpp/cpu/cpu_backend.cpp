@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
                    "FANTAI_QUANT_KERNEL='" << qk << "' not understood (f32|vnni)");
     if (isa == Isa::kAvx512 && cpu_has_avx512_vnni()) {
       panel_fn_ = avx512_vnni_linear_panel();
+      if (QuantizeRowsFn f = avx512_quantize_rows_int8()) quant_rows_fn_ = f;
       panel_ = !(qk && !std::strcmp(qk, "f32"));
     }
     // AMX only on top of AVX-512 (the activation split uses it); FANTAI_AMX=0 turns it off (A/B).
@@ -155,12 +156,17 @@ class CpuBackend final : public Backend {
     FANTAI_REQUIRE(amx_ && dt == DType::kBF16, "linear_packed: matrix was not packed by this cpu backend");
     if (m == 0) return;
     const int64_t kp = amx_k_pad(k), mp = amx_m_pad(m);
-    std::vector<uint16_t> hi(static_cast<size_t>(mp * kp)), lo(hi.size());
+    // Grow-only scratch: a fresh zeroed vector per call cost a memset of both halves per linear.
+    // amx_split_rows writes every element the tiles read (padding included).
+    const size_t need = static_cast<size_t>(mp * kp);
+    if (amx_hi_.size() < need) amx_hi_.resize(need), amx_lo_.resize(need);
+    uint16_t* const hi = amx_hi_.data();
+    uint16_t* const lo = amx_lo_.data();
     const int64_t row_block = 64, row_blocks = ceil_div(m, row_block);
     pool_.parallel_for(m * k < kParallelMinWork ? 1 : row_blocks, [&](int64_t t, int) {
       const bool all = m * k < kParallelMinWork;
       const int64_t r0 = all ? 0 : t * row_block, r1 = all ? m : std::min(m, r0 + row_block);
-      amx_split_rows(x, k, r0, r1, std::min(mp, amx_m_pad(r1)), hi.data(), lo.data());
+      amx_split_rows(x, k, r0, r1, std::min(mp, amx_m_pad(r1)), hi, lo);
     });
     const int64_t blocks = ceil_div(n, 16), groups = ceil_div(blocks, 4);
     const int T = pool_.size();
@@ -169,7 +175,7 @@ class CpuBackend final : public Backend {
     const int64_t chunks = ceil_div(blocks, chunk);
     pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {
       const int64_t rb = t / chunks, cb = t % chunks;
-      amx_linear_bf16(hi.data(), lo.data(), m, k, packed, n, bias, y, n, rb * row_block, (rb + 1) * row_block,
+      amx_linear_bf16(hi, lo, m, k, packed, n, bias, y, n, rb * row_block, (rb + 1) * row_block,
                       cb * chunk, (cb + 1) * chunk);
     });
   }
@@ -230,13 +236,24 @@ class CpuBackend final : public Backend {
     QuantizedRows xq;
     xq.nblocks = ceil_div(k, block);
     xq.ld = xq.nblocks * block;
-    std::vector<int8_t> q(static_cast<size_t>(m * xq.ld));
-    std::vector<float> d(static_cast<size_t>(m * xq.nblocks));
-    std::vector<int32_t> s(static_cast<size_t>(m * xq.nblocks));
-    quantize_rows_int8(x, m, k, block, q.data(), d.data(), s.data());
-    xq.q = q.data();
-    xq.d = d.data();
-    xq.s = s.data();
+    // Grow-only scratch (quantize_rows_int8 writes every element, padding included).
+    if (xq_q_.size() < static_cast<size_t>(m * xq.ld)) xq_q_.resize(static_cast<size_t>(m * xq.ld));
+    if (xq_d_.size() < static_cast<size_t>(m * xq.nblocks)) {
+      xq_d_.resize(static_cast<size_t>(m * xq.nblocks));
+      xq_s_.resize(static_cast<size_t>(m * xq.nblocks));
+    }
+    // Rows are independent; a prefill's worth is split over the pool (it ran on one thread and
+    // took a fifth of a Q4_1 prefill).
+    const QuantizeRowsFn quant = quant_rows_fn_;
+    const int64_t qchunk = 16, qchunks = m * k < kParallelMinWork ? 1 : ceil_div(m, qchunk);
+    pool_.parallel_for(qchunks, [&](int64_t t, int) {
+      const int64_t r0 = qchunks == 1 ? 0 : t * qchunk, r1 = qchunks == 1 ? m : std::min(m, r0 + qchunk);
+      quant(x + r0 * k, r1 - r0, k, block, xq_q_.data() + r0 * xq.ld, xq_d_.data() + r0 * xq.nblocks,
+            xq_s_.data() + r0 * xq.nblocks);
+    });
+    xq.q = xq_q_.data();
+    xq.d = xq_d_.data();
+    xq.s = xq_s_.data();
     const int64_t row_block = 64;
     const int64_t row_blocks = ceil_div(m, row_block);
     const int T = pool_.size();
@@ -376,10 +393,15 @@ class CpuBackend final : public Backend {
   // Quantized matrices use the AVX-512 VNNI panel path (int8 activations) when the CPU has it,
   // unless FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
   LinearPanelFn panel_fn_ = nullptr;
+  QuantizeRowsFn quant_rows_fn_ = quantize_rows_int8;
   bool panel_ = false;
   bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
   ThreadPool pool_;
   std::vector<float> perm_scratch_;  // linear_q act-order gather; the step thread is the only caller
+  std::vector<uint16_t> amx_hi_, amx_lo_;  // linear_packed's bf16 halves of x; likewise
+  std::vector<int8_t> xq_q_;                // linear_panel's int8 activations; likewise
+  std::vector<float> xq_d_;
+  std::vector<int32_t> xq_s_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
 };

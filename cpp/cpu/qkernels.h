@@ -82,6 +82,11 @@ void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int
 using LinearPanelFn = void (*)(const QuantizedRows& x, const QuantMatrix& w, const float* bias,
                                float* y, int64_t m, int64_t ldy, int64_t p0, int64_t p1);
 LinearPanelFn avx512_vnni_linear_panel();
+// quantize_rows_int8 on AVX-512, bit-equal to it (same max, same f32 product, same round to
+// nearest even); nullptr when not built or not x86. Rows are independent: callers may split them.
+using QuantizeRowsFn = void (*)(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d,
+                                int32_t* s);
+QuantizeRowsFn avx512_quantize_rows_int8();
 
 namespace ref {
 // The panel path's arithmetic with double accumulation over the same int8 activations: w

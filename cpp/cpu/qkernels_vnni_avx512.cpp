@@ -189,16 +189,54 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
   }
 }
 
+// quantize_rows_int8's arithmetic 16 lanes at a time: |x| max (exact in any order), the same
+// scalar d and 127 / max, x * inv in f32, vcvtps2dq under the default round-to-nearest-even mode
+// (what nearbyint does), clamp, and an exact integer sum.
+void quantize_rows(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d, int32_t* s) {
+  const int64_t nb = (k + block - 1) / block, ld = nb * block;
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * k + b * block;
+      int8_t* qb = q + r * ld + b * block;
+      const int64_t len = min64(block, k - b * block);
+      __m512 v[2];
+      const int halves = block / 16;
+      __m512 amax = _mm512_setzero_ps();
+      for (int h = 0; h < halves; ++h) {
+        const int64_t n = min64(16, len - 16 * h);
+        const __mmask16 mk = n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1u);
+        v[h] = _mm512_maskz_loadu_ps(mk, xb + 16 * h);
+        amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v[h]));
+      }
+      const float am = _mm512_reduce_max_ps(amax);
+      const float inv = am > 0.f ? 127.f / am : 0.f;
+      const __m512 vinv = _mm512_set1_ps(inv);
+      __m512i sum = _mm512_setzero_si512();
+      for (int h = 0; h < halves; ++h) {
+        __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], vinv));
+        qi = _mm512_min_epi32(_mm512_max_epi32(qi, lo), hi);
+        sum = _mm512_add_epi32(sum, qi);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16 * h), _mm512_cvtepi32_epi8(qi));
+      }
+      d[r * nb + b] = am / 127.f;
+      s[r * nb + b] = _mm512_reduce_add_epi32(sum);
+    }
+}
+
 #undef FV_INLINE
 
 }  // namespace
 
 LinearPanelFn avx512_vnni_linear_panel() { return linear_panel; }
+QuantizeRowsFn avx512_quantize_rows_int8() { return quantize_rows; }
 
 }  // namespace fantai::cpu
 
 #else
 namespace fantai::cpu {
 LinearPanelFn avx512_vnni_linear_panel() { return nullptr; }
+QuantizeRowsFn avx512_quantize_rows_int8() { return nullptr; }
 }  // namespace fantai::cpu
 #endif

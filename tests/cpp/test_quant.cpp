@@ -290,6 +290,22 @@ TEST(QuantPanel, HalfScalesKeepTheFileSize) {
   EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 576 / 32 * 20);
 }
 
+TEST(QuantPanel, HalfLayoutOnlyWhenEveryScaleIsAnF16Value) {
+  // The packer decides from the scale's bits; each value is set as the first scale of a matrix
+  // whose other scales are ordinary f16 values, and the layout must follow the f16 round trip.
+  const float values[] = {0.5f, -0.f, 65504.f, 65520.f, 1.f + 0x1p-10f, 1.f + 0x1p-11f, 0x1p-14f,
+                          0x1p-20f, 3 * 0x1p-24f, 0x1p-24f, 0x1p-25f, 5 * 0x1p-25f, 0x1p-126f,
+                          std::ldexp(1.f, -140), INFINITY};
+  for (float v : values) {
+    QuantTensor t = random_quant(16, 64, {4, 32, false, true, false}, 77);
+    round_scales_to_half(&t);
+    t.scale[0] = v;
+    const bool want = std::isfinite(v) && f16_to_f32(f32_to_f16(v)) == v;
+    const Packed p = pack_panel(t);
+    EXPECT_EQ(p.w.layout, want ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout) << "scale " << v;
+  }
+}
+
 TEST(QuantPanel, ActivationQuantizationRoundsPerBlock) {
   const float x[40] = {1.f, -0.5f, 0.25f, 127.f};  // rest 0; second block all zero
   const XQ q = quantize_x(x, 1, 40, 32);
@@ -300,6 +316,28 @@ TEST(QuantPanel, ActivationQuantizationRoundsPerBlock) {
   EXPECT_EQ(q.s[0], 128);
   EXPECT_EQ(q.d[1], 0.f);
   EXPECT_EQ(q.s[1], 0);
+}
+
+TEST(QuantPanel, Avx512ActivationQuantizationIsBitEqualToTheReference) {
+  const cpu::QuantizeRowsFn fast = cpu::avx512_quantize_rows_int8();
+  if (!fast || cpu::detected_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+  for (int32_t block : {16, 32})
+    for (int64_t k : {1, 15, 16, 17, 31, 32, 33, 100, 576}) {
+      const int64_t m = 5, nb = (k + block - 1) / block, ld = nb * block;
+      std::vector<float> x = randn(static_cast<size_t>(m * k), static_cast<uint32_t>(k * block));
+      for (int64_t i = 0; i < k; ++i) x[i] = 0.f;                            // an all-zero row
+      for (int64_t i = 0; i < k; ++i) x[k + i] = static_cast<float>(i % 9) - 4.f + (i % 2 ? 0.5f : 0.f);
+      x[k] = 127.f;                                                          // ties at .5 steps
+      for (int64_t i = 0; i < k; ++i) x[2 * k + i] *= 1e30f;                 // huge values
+      std::vector<int8_t> q0(m * ld, 99), q1(m * ld, -99);
+      std::vector<float> d0(m * nb), d1(m * nb);
+      std::vector<int32_t> s0(m * nb), s1(m * nb);
+      cpu::quantize_rows_int8(x.data(), m, k, block, q0.data(), d0.data(), s0.data());
+      fast(x.data(), m, k, block, q1.data(), d1.data(), s1.data());
+      EXPECT_EQ(q0, q1) << "k=" << k << " block=" << block;
+      EXPECT_EQ(0, std::memcmp(d0.data(), d1.data(), d0.size() * 4)) << "k=" << k;
+      EXPECT_EQ(s0, s1) << "k=" << k;
+    }
 }
 
 TEST(QuantPanel, LinearMatchesInt8Reference) {

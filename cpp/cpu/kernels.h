@@ -38,8 +38,10 @@ struct AttnItem {
 // Floats of scratch attention() needs for one item.
 inline int64_t attn_scratch_floats(int32_t num_q, int32_t group, int32_t head_dim,
                                    int32_t block_size) {
-  // Per (row, head): head_dim outputs + max + sum; then 4 heads' scores padded to 16 lanes.
-  return static_cast<int64_t>(num_q) * group * (head_dim + 2) + 4 * (block_size + 16) + 64;
+  // Per (row, head): head_dim outputs + max + sum + one block's scores (padded to 16 lanes, plus
+  // 16 of slack); then one block of K and of V in f32.
+  return static_cast<int64_t>(num_q) * group * (head_dim + 2 + block_size + 32) +
+         2 * static_cast<int64_t>(block_size) * head_dim + 64;
 }
 
 // Row-level kernels; the backend splits work across threads and calls these per row / tile, so
@@ -62,6 +64,10 @@ struct KernelTable {
   void (*to_f32)(const void* src, DType st, float* dst, int64_t n);
   // scratch: attn_scratch_floats(...) floats, 64-byte aligned.
   void (*attention)(const AttnItem& item, float* scratch);
+  // Test hook for the fixed-order reductions: lanes = W; for the W vectors x[i*W .. (i+1)*W),
+  // tree[i] = lane i of VT::hsum_w (all at once) and each[i] = VT::hsum of vector i alone.
+  int lanes;
+  void (*hsum_both)(const float* x, float* tree, float* each);
 };
 
 // nullptr where the file was not built for this target (non-x86).

@@ -15,7 +15,10 @@ struct VT : vt_avx2::VT {
   // 16 ymm registers: 4x3 accumulators + 4 x rows + 1 weight row (x may come as a memory
   // operand); measured ahead of 3x4 and 2x4.
   static constexpr int kTileRows = 4, kTileCols = 3, kDecodeCols = 8;
-  static constexpr int kAttnChunks = 2;  // 4 heads x 2 chunks = 8 of the 16 ymm
+  // Attention: 2 rows x 4 keys of score chains (8 accumulators, one VT::hsum_w); 4 rows x 2
+  // head_dim chunks of output accumulators (8 of the 16 ymm).
+  static constexpr int kAttnQkRows = 2, kAttnRows = 4, kAttnChunks = 2;
+  static constexpr int kAttnPrefetchBlocks = 1;  // how far ahead attention prefetches K/V
 };
 
 #include "cpu/kernels_impl.h"

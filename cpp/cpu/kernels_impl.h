@@ -260,14 +260,19 @@ void to_f32(const void* src, DType st, float* dst, int64_t n) {
 
 // ---- attention ---------------------------------------------------------------------------------
 //
-// Per (query, head) and KV block, in block order: scores s_j = (q . k_j) * scale (one W-lane chain
-// over head_dim, then VT::hsum), m' = max(m, max_j s_j), p_j = exp(s_j - m'), l = l*exp(m - m') +
-// sum_j p_j (lanes summed in chunk order, then VT::hsum), o = o*exp(m - m') + sum_j p_j v_j (keys
-// in order). Up to 4 heads of a group run together so K and V rows are loaded once for all of
-// them and their chains interleave; that changes no chain.
-// int8 (DT 3): rows are dequantized in registers. A key's scale ks_j multiplies its finished dot
-// product (s_j = (q . kq_j) * ks_j * scale), and a value's scale vs_j folds into its weight
-// (o += (p_j * vs_j) vq_j) while l sums the plain p_j; no dequantized copy is ever written.
+// Per (query, head) row and KV block, in block order: scores s_j = (q . k_j) * scale (one W-lane
+// FMA chain over head_dim, then VT::hsum), m' = max(m, max_j s_j), p_j = exp(s_j - m'), l =
+// l*exp(m - m') + sum_j p_j (lanes summed in chunk order, then VT::hsum), o = o*exp(m - m') +
+// sum_j p_j v_j (keys in order, one FMA per key and lane).
+// How that runs: a block's scores for all rows of the item (query rows x group heads) come from
+// register tiles of rows x keys, whose chains are reduced W at a time by VT::hsum_w (bit-identical
+// to W hsums); the output update streams V through tiles of rows that see the same keys. Each
+// loaded K/V row thus serves many rows (prefill) instead of one query's heads. Tiles only decide
+// which chains run side by side, never a chain's order, so a row's result depends on nothing but
+// its own query, its position and the shapes.
+// int8 (DT 3): the raw integers are loaded as floats. A key's scale ks_j multiplies its finished
+// dot product (s_j = (q . kq_j) * (ks_j * scale)), and a value's scale vs_j folds into its weight
+// (o += (p_j * vs_j) vq_j) while l sums the plain p_j; no dequantized values are ever stored.
 
 FT_INLINE float exp1(float x) {
   alignas(64) float t[W];
@@ -275,159 +280,283 @@ FT_INLINE float exp1(float x) {
   return t[0];
 }
 
-template <int HG, int DT>
-FT_INLINE void attn_step(const float* const* q, float* const* o, float* mx, float* sum,
-                         const void* kc, const void* vc, int64_t base, int hd, int nk, float scale,
-                         float* sc /* [HG, bsp] */, int bsp, const float* ks, const float* vs,
-                         const char* pk = nullptr, const char* pv = nullptr, int pf_bytes = 0) {
+// Scores of keys j0 .. j0+C-1 (clamped to nk - 1; columns past nk hold junk) for R rows:
+// srow[r][j] = hsum(chain of q_r . k_j) * (ks ? ks[j] * scale : scale). k_j at kc element base +
+// j * hd, loaded as dtype LDT.
+template <int R, int C, int LDT>
+FT_INLINE void qk_tile(const float* const* q, const void* kc, int64_t base, int hd, int j0, int nk,
+                       float scale, const float* ks, float* const* srow) {
+  static_assert(R * C <= W, "one hsum_w per tile");
   const int dv = hd - hd % W, tail = hd - dv;
-  const float ninf = -__builtin_inff();
-  // Scores. Keys are independent, so consecutive keys' chains overlap in the core.
-  // pk/pv: the next block's K and V rows of this head (pf_bytes each); a block is one page or
-  // less, so the hardware prefetchers never cross into the next (scattered) block by themselves.
-  // Each key step requests a share of them while this block computes.
-  const int pf_step = pk ? (pf_bytes / nk + 63) / 64 * 64 : 0;
-  for (int j = 0; j < nk; ++j) {
-    if (pk) {
-      for (int o = j * pf_step; o < (j + 1) * pf_step && o < pf_bytes; o += 64) {
-        __builtin_prefetch(pk + o, 0, 3);
-        __builtin_prefetch(pv + o, 0, 3);
-      }
-    }
-    V acc[HG];
-#pragma GCC unroll 4
-    for (int h = 0; h < HG; ++h) acc[h] = VT::zero();
-    const int64_t e = base + static_cast<int64_t>(j) * hd;
-    for (int d = 0; d < dv; d += W) {
-      const V kv = loadw<DT>(kc, e + d);
-#pragma GCC unroll 4
-      for (int h = 0; h < HG; ++h) acc[h] = VT::fma(VT::load(q[h] + d), kv, acc[h]);
-    }
-    if (tail) {
-      const V kv = loadw_n<DT>(kc, e + dv, tail);
-#pragma GCC unroll 4
-      for (int h = 0; h < HG; ++h) acc[h] = VT::fma(VT::load_n(q[h] + dv, tail), kv, acc[h]);
-    }
-    const float sj = DT == 3 ? ks[j] * scale : scale;
-#pragma GCC unroll 4
-    for (int h = 0; h < HG; ++h) sc[h * bsp + j] = VT::hsum(acc[h]) * sj;
-  }
-  const int nkp = (nk + W - 1) / W * W;
-  float corr[HG];
-  for (int h = 0; h < HG; ++h) {
-    float* s = sc + h * bsp;
-    for (int j = nk; j < nkp; ++j) s[j] = ninf;
-    V vmax = VT::set1(ninf);
-    for (int c = 0; c < nkp; c += W) vmax = VT::max(vmax, VT::load(s + c));
-    const float m_old = mx[h];
-    const float m_new = fmax_(m_old, VT::hmax(vmax));
-    const V vm = VT::set1(m_new);
-    for (int c = 0; c < nkp; c += W) VT::store(s + c, VT::exp(VT::sub(VT::load(s + c), vm)));
-    for (int j = nk; j < nkp; ++j) s[j] = 0.f;  // padding lanes carry no weight
-    V ps = VT::zero();
-    for (int c = 0; c < nkp; c += W) ps = VT::add(ps, VT::load(s + c));
-    corr[h] = m_old == ninf ? 0.f : exp1(m_old - m_new);
-    sum[h] = sum[h] * corr[h] + VT::hsum(ps);
-    mx[h] = m_new;
-    if constexpr (DT == 3) {
-      for (int j = 0; j < nk; ++j) s[j] *= vs[j];
+  int64_t e[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) e[c] = base + static_cast<int64_t>(imin_(j0 + c, nk - 1)) * hd;
+  V acc[W];
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) acc[i] = VT::zero();
+  for (int d = 0; d < dv; d += W) {
+    V qv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) qv[r] = VT::load(q[r] + d);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const V kv = loadw<LDT>(kc, e[c] + d);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r * C + c] = VT::fma(qv[r], kv, acc[r * C + c]);
     }
   }
-  // Output: KC head_dim chunks x HG heads of accumulators live across the key loop.
-  constexpr int KC = VT::kAttnChunks;
-  int d = 0;
-  for (; d + KC * W <= dv; d += KC * W) {
-    V acc[HG][KC];
-#pragma GCC unroll 4
-    for (int h = 0; h < HG; ++h) {
-      const V vc_h = VT::set1(corr[h]);
-#pragma GCC unroll 4
-      for (int c = 0; c < KC; ++c) acc[h][c] = VT::mul(VT::load(o[h] + d + c * W), vc_h);
+  if (tail) {
+    V qv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) qv[r] = VT::load_n(q[r] + dv, tail);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const V kv = loadw_n<LDT>(kc, e[c] + dv, tail);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r * C + c] = VT::fma(qv[r], kv, acc[r * C + c]);
     }
-    for (int j = 0; j < nk; ++j) {
-      const int64_t e = base + static_cast<int64_t>(j) * hd + d;
-#pragma GCC unroll 4
-      for (int c = 0; c < KC; ++c) {
-        const V vv = loadw<DT>(vc, e + c * W);
-#pragma GCC unroll 4
-        for (int h = 0; h < HG; ++h) acc[h][c] = VT::fma(VT::set1(sc[h * bsp + j]), vv, acc[h][c]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int h = 0; h < HG; ++h)
-#pragma GCC unroll 4
-      for (int c = 0; c < KC; ++c) VT::store(o[h] + d + c * W, acc[h][c]);
   }
-  for (; d < hd; d += W) {
-    const int n = hd - d < W ? hd - d : W;
-    V acc[HG];
-#pragma GCC unroll 4
-    for (int h = 0; h < HG; ++h) acc[h] = VT::mul(VT::load_n(o[h] + d, n), VT::set1(corr[h]));
-    for (int j = 0; j < nk; ++j) {
-      const V vv = loadw_n<DT>(vc, base + static_cast<int64_t>(j) * hd + d, n);
-#pragma GCC unroll 4
-      for (int h = 0; h < HG; ++h) acc[h] = VT::fma(VT::set1(sc[h * bsp + j]), vv, acc[h]);
+  V s = VT::hsum_w(acc);
+  if (ks) {
+    alignas(64) float m[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) m[i] = 0.f;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) m[r * C + c] = ks[imin_(j0 + c, nk - 1)] * scale;
+    s = VT::mul(s, VT::load(m));
+  } else {
+    s = VT::mul(s, VT::set1(scale));
+  }
+  alignas(64) float t[W];
+  VT::store(t, s);
+  // All C columns (score rows have W columns of slack): constant-size copies.
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) srow[r][j0 + c] = t[r * C + c];
+}
+
+// qk_tile over all keys [0, nk) for a run-time row count in [1, RR]; fewer rows get wider key
+// tiles so one hsum_w still reduces (nearly) W chains.
+// Software prefetch of a later block's K and V rows, handed out a few lines per score tile so the
+// requests never pile up in the fill buffers (a block is one page or less and blocks are
+// scattered, so the hardware prefetchers never run ahead into the next one).
+struct Prefetch {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int bytes = 0, step = 0, at = 0;
+  FT_INLINE void next() {
+    for (int e = at + step; at < bytes && at < e; at += 64) {
+      __builtin_prefetch(k + at, 0, 3);
+      __builtin_prefetch(v + at, 0, 3);
     }
-#pragma GCC unroll 4
-    for (int h = 0; h < HG; ++h) VT::store_n(o[h] + d, acc[h], n);
+  }
+  FT_INLINE void rest() { step = bytes; next(); }
+};
+
+template <int RR, int LDT>
+FT_INLINE void qk_rows(int rows, const float* const* q, const void* kc, int64_t base, int hd, int nk,
+                       float scale, const float* ks, float* const* srow, Prefetch& pf) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return qk_rows<RR - 1, LDT>(rows, q, kc, base, hd, nk, scale, ks, srow, pf);
+  }
+  constexpr int C = W / RR;
+  for (int j0 = 0; j0 < nk; j0 += C) {
+    pf.next();
+    qk_tile<RR, C, LDT>(q, kc, base, hd, j0, nk, scale, ks, srow);
   }
 }
 
+// Online-softmax update of one row with this block's nk scores s[0, nk) (s has room for nk
+// rounded up to W). Leaves p_j (times vs_j for int8) in s and returns the factor for the old o.
+FT_INLINE float softmax_row(float* s, int nk, float* mx, float* sum, const float* vs) {
+  const float ninf = -__builtin_inff();
+  const int nkp = (nk + W - 1) / W * W;
+  for (int j = nk; j < nkp; ++j) s[j] = ninf;
+  V vmax = VT::set1(ninf);
+  for (int c = 0; c < nkp; c += W) vmax = VT::max(vmax, VT::load(s + c));
+  const float m_old = *mx;
+  const float m_new = fmax_(m_old, VT::hmax(vmax));
+  const V vm = VT::set1(m_new);
+  for (int c = 0; c < nkp; c += W) VT::store(s + c, VT::exp(VT::sub(VT::load(s + c), vm)));
+  for (int j = nk; j < nkp; ++j) s[j] = 0.f;  // padding lanes carry no weight
+  V ps = VT::zero();
+  for (int c = 0; c < nkp; c += W) ps = VT::add(ps, VT::load(s + c));
+  const float corr = m_old == ninf ? 0.f : exp1(m_old - m_new);
+  *sum = VT::fma1(*sum, corr, VT::hsum(ps));
+  *mx = m_new;
+  if (vs) {
+    for (int j = 0; j < nk; ++j) s[j] *= vs[j];
+  }
+  return corr;
+}
+
+// o_r = o_r * corr_r + sum_{j < nk} p_r[j] v_j for R rows that all see keys [0, nk). v_j at vc
+// element base + j * hd, loaded as dtype LDT. KC head_dim chunks x R rows of accumulators live
+// across the key loop.
+template <int R, int LDT>
+FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr, const void* vc,
+                       int64_t base, int hd, int nk) {
+  constexpr int KC = VT::kAttnChunks;
+  const int dv = hd - hd % W;
+  int d = 0;
+  for (; d + KC * W <= dv; d += KC * W) {
+    V acc[R][KC];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const V cr = VT::set1(corr[r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < KC; ++c) acc[r][c] = VT::mul(VT::load(o[r] + d + c * W), cr);
+    }
+    for (int j = 0; j < nk; ++j) {
+      const int64_t e = base + static_cast<int64_t>(j) * hd + d;
+#pragma GCC unroll 8
+      for (int c = 0; c < KC; ++c) {
+        const V vv = loadw<LDT>(vc, e + c * W);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(VT::set1(p[r][j]), vv, acc[r][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < KC; ++c) VT::store(o[r] + d + c * W, acc[r][c]);
+  }
+  for (; d < hd; d += W) {
+    const int n = hd - d < W ? hd - d : W;
+    V acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = VT::mul(VT::load_n(o[r] + d, n), VT::set1(corr[r]));
+    for (int j = 0; j < nk; ++j) {
+      const V vv = loadw_n<LDT>(vc, base + static_cast<int64_t>(j) * hd + d, n);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = VT::fma(VT::set1(p[r][j]), vv, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) VT::store_n(o[r] + d, acc[r], n);
+  }
+}
+
+template <int RR, int LDT>
+FT_INLINE void pv_rows(int rows, float* const* o, const float* const* p, const float* corr, const void* vc,
+                       int64_t base, int hd, int nk) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return pv_rows<RR - 1, LDT>(rows, o, p, corr, vc, base, hd, nk);
+  }
+  pv_tile<RR, LDT>(o, p, corr, vc, base, hd, nk);
+}
+
+// f32 copy of a block's first n rows of one head (exact for every KV dtype; int8 stays unscaled).
+template <int DT>
+FT_INLINE void rows_to_f32(const void* c, int64_t base, int64_t n, float* dst) {
+  const int64_t nv = n - n % W;
+  for (int64_t i = 0; i < nv; i += W) VT::store(dst + i, loadw<DT>(c, base + i));
+  if (nv < n) VT::store_n(dst + nv, loadw_n<DT>(c, base + nv, static_cast<int>(n - nv)), static_cast<int>(n - nv));
+}
+
+
 template <int DT>
 void attention_t(const AttnItem& a, float* scratch) {
+  constexpr int RQ = VT::kAttnQkRows, RP = VT::kAttnRows;
   const int G = a.group, hd = a.head_dim, bs = a.block_size, nq = a.num_q;
   const int nh = nq * G;
-  const int bsp = (bs + W - 1) / W * W;
-  float* acc = scratch;                                 // [nq * G, hd] unnormalised outputs
-  float* mx = acc + static_cast<int64_t>(nh) * hd;     // [nq * G] running max
-  float* sum = mx + nh;                                 // [nq * G] running denominator
-  float* sc = sum + nh;                                 // [4, bsp] one block's scores
+  const int bsp = (bs + W - 1) / W * W + W;  // score row: bs rounded up to W, plus a tile's overhang
+  float* acc = scratch;                                 // [nh, hd] unnormalised outputs
+  float* mx = acc + static_cast<int64_t>(nh) * hd;     // [nh] running max
+  float* sum = mx + nh;                                 // [nh] running denominator
+  float* sc = sum + nh;                                 // [nh, bsp] one block's scores
+  float* kf = sc + static_cast<int64_t>(nh) * bsp;     // [bs, hd] the block's K in f32
+  float* vf = kf + static_cast<int64_t>(bs) * hd;      // [bs, hd] and V
   for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) acc[i] = 0.f;
   for (int i = 0; i < nh; ++i) { mx[i] = -__builtin_inff(); sum[i] = 0.f; }
 
+  // Row r = query i * G + head h: its q, output and score row.
+  auto q_of = [&](int r) { return a.q + (r / G) * a.q_stride + static_cast<int64_t>(a.kv_head * G + r % G) * hd; };
   const int last_pos = a.first_pos + nq - 1;
   const int nblocks = last_pos / bs + 1;
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
   constexpr int kEs = elem_bytes<DT>();
   const int head_bytes = static_cast<int>(head_elems) * kEs;
+  auto block_base = [&](int b) {
+    return (static_cast<int64_t>(a.block_table[b]) * a.num_kv_heads + a.kv_head) * head_elems;
+  };
+  auto prefetch_block = [&](int b) {
+    Prefetch pf;
+    if (b < nblocks) {
+      const int64_t off = block_base(b) * kEs;
+      pf.k = static_cast<const char*>(a.k_cache) + off;
+      pf.v = static_cast<const char*>(a.v_cache) + off;
+      pf.bytes = head_bytes;
+    }
+    return pf;
+  };
+  constexpr int kAhead = VT::kAttnPrefetchBlocks;
+  for (int b = 0; b < kAhead; ++b) prefetch_block(b).rest();
+  const float* qs[RQ > RP ? RQ : RP];
+  float* srow[RQ > RP ? RQ : RP];
+  float* os[RP];
+  const float* ps[RP];
+  float corr[RP];
   for (int b = 0; b < nblocks; ++b) {
-    const int64_t base = (static_cast<int64_t>(a.block_table[b]) * a.num_kv_heads + a.kv_head) * head_elems;
+    const int64_t base = block_base(b);
     const int start = b * bs;
     // int8: this (block, head)'s bs scales, contiguous.
     const float* ks = DT == 3 ? a.k_scales + base / hd : nullptr;
     const float* vs = DT == 3 ? a.v_scales + base / hd : nullptr;
-    // The first query row that visits this block prefetches the next block (K and V of this head).
-    const char* pk = nullptr;
-    const char* pv = nullptr;
-    if (b + 1 < nblocks) {
-      const int64_t nb = (static_cast<int64_t>(a.block_table[b + 1]) * a.num_kv_heads + a.kv_head) * head_elems * kEs;
-      pk = static_cast<const char*>(a.k_cache) + nb;
-      pv = static_cast<const char*>(a.v_cache) + nb;
+    // Rows [r0, nh) see this block; the last row sees the most keys.
+    const int i0 = start > a.first_pos ? start - a.first_pos : 0;
+    const int r0 = i0 * G;
+    const int nkmax = imin_(bs, last_pos - start + 1);
+    // Many rows: convert the block to f32 once (exact) so the tiles reload plain floats.
+    const bool convert = DT != 0 && nh - r0 > RQ;
+    const void* kc = a.k_cache;
+    const void* vc = a.v_cache;
+    int64_t kvbase = base;
+    if (convert) {
+      rows_to_f32<DT>(a.k_cache, base, static_cast<int64_t>(nkmax) * hd, kf);
+      rows_to_f32<DT>(a.v_cache, base, static_cast<int64_t>(nkmax) * hd, vf);
+      kc = kf;
+      vc = vf;
+      kvbase = 0;
     }
-    for (int i = 0; i < nq; ++i) {
-      const int pos = a.first_pos + i;
-      if (pos < start) continue;
-      const int nk = imin_(bs, pos - start + 1);
-      const char* qpk = pk;
-      const char* qpv = pv;
-      pk = pv = nullptr;
-      for (int h0 = 0; h0 < G; h0 += 4) {
-        const int hg = imin_(4, G - h0);
-        const float* qs[4];
-        float* os[4];
-        for (int h = 0; h < hg; ++h) {
-          qs[h] = a.q + i * a.q_stride + static_cast<int64_t>(a.kv_head * G + h0 + h) * hd;
-          os[h] = acc + static_cast<int64_t>(i * G + h0 + h) * hd;
-        }
-        float* m = mx + i * G + h0;
-        float* l = sum + i * G + h0;
-        switch (hg) {
-          case 1: attn_step<1, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
-          case 2: attn_step<2, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
-          case 3: attn_step<3, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
-          default: attn_step<4, DT>(qs, os, m, l, a.k_cache, a.v_cache, base, hd, nk, a.scale, sc, bsp, ks, vs, h0 == 0 ? qpk : nullptr, qpv, head_bytes); break;
-        }
+    // Block b + kAhead, spread over this block's score tiles.
+    Prefetch pf = prefetch_block(b + kAhead);
+    {
+      const int rq = imin_(RQ, nh - r0), tiles = (nh - r0 + rq - 1) / rq * ((nkmax + W / rq - 1) / (W / rq));
+      pf.step = (head_bytes / tiles + 63) / 64 * 64;
+    }
+    // Scores. A row past its own position's keys gets extra columns it never reads.
+    for (int r = r0; r < nh; r += RQ) {
+      const int rows = imin_(RQ, nh - r);
+      for (int t = 0; t < rows; ++t) {
+        qs[t] = q_of(r + t);
+        srow[t] = sc + static_cast<int64_t>(r + t) * bsp;
       }
+      if (DT == 0 || convert)
+        qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+      else
+        qk_rows<RQ, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+    }
+    pf.rest();
+    // Softmax and output, in tiles of rows that see the same keys (consecutive rows of one query,
+    // or of several queries past the block's end).
+    for (int r = r0; r < nh;) {
+      const int nk = imin_(bs, a.first_pos + r / G - start + 1);
+      int rows = 0;
+      while (rows < RP && r + rows < nh && imin_(bs, a.first_pos + (r + rows) / G - start + 1) == nk) {
+        float* s = sc + static_cast<int64_t>(r + rows) * bsp;
+        corr[rows] = softmax_row(s, nk, mx + r + rows, sum + r + rows, vs);
+        ps[rows] = s;
+        os[rows] = acc + static_cast<int64_t>(r + rows) * hd;
+        ++rows;
+      }
+      if (DT == 0 || convert)
+        pv_rows<RP, 0>(rows, os, ps, corr, vc, kvbase, hd, nk);
+      else
+        pv_rows<RP, DT>(rows, os, ps, corr, vc, kvbase, hd, nk);
+      r += rows;
     }
   }
   for (int i = 0; i < nq; ++i)
@@ -449,7 +578,14 @@ void attention(const AttnItem& a, float* scratch) {
   }
 }
 
+void hsum_both(const float* x, float* tree, float* each) {
+  V a[W];
+  for (int i = 0; i < W; ++i) a[i] = VT::load(x + i * W);
+  VT::store(tree, VT::hsum_w(a));
+  for (int i = 0; i < W; ++i) each[i] = VT::hsum(a[i]);
+}
+
 const KernelTable kTable = {VT::kName, linear, rms_norm, add_rms_norm, rope, silu_mul, add, to_f32,
-                            attention};
+                            attention, W, hsum_both};
 
 #undef FT_INLINE

@@ -79,6 +79,8 @@ struct VT {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f))));
   }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  // a * b + c with one rounding, spelled out so no compiler contraction choice can change it.
+  static float fma1(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -102,6 +104,23 @@ struct VT {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+  }
+  // Lane i = hsum(a[i]) for 8 vectors at once: the same tree per vector run transposed (IEEE
+  // addition commutes, so every lane is bit-identical to hsum's).
+  static V hsum_w(const V* a) {
+    V x[4], z[2];
+    for (int i = 0; i < 4; ++i)  // lanes 0-3: a[2i] folded 8->4; lanes 4-7: a[2i+1]
+      x[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                           _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; ++i) {  // half h: vectors 4i+h (lanes 0-1) and 4i+h+2 (lanes 2-3), 4->2
+      const __m256d lo = _mm256_unpacklo_pd(_mm256_castps_pd(x[2 * i]), _mm256_castps_pd(x[2 * i + 1]));
+      const __m256d hi = _mm256_unpackhi_pd(_mm256_castps_pd(x[2 * i]), _mm256_castps_pd(x[2 * i + 1]));
+      z[i] = _mm256_add_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi));
+    }
+    // Half h, lane m: vector h + 2m; then lanes back into vector order.
+    const V r = _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   }
   // exp (Cephes expf) of x already clamped to [-87.33654, 88.37626]: range-reduce by ln2
   // (two-part constant), degree-5 polynomial, scale by 2^n.

@@ -67,6 +67,8 @@ struct VT {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f))));
   }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  // a * b + c with one rounding, spelled out so no compiler contraction choice can change it.
+  static float fma1(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
@@ -86,6 +88,27 @@ struct VT {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+  }
+  // Lane i = hsum(a[i]) for 16 vectors at once: the same fold per vector (halves of 8, then of 4,
+  // then pairs, then the last pair), run as a transposed tree so each add serves several vectors.
+  // IEEE addition commutes, so every lane's sum is bit-identical to hsum's.
+  static V hsum_w(const V* a) {
+    V x[8], y[4], z[2];
+    for (int i = 0; i < 8; ++i)  // lanes 0-7: a[2i] folded 16->8; lanes 8-15: a[2i+1]
+      x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                           _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i)  // 128-bit block k: vector 4i+k folded 8->4
+      y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i) {  // block k: vectors 8i+k (lanes 0-1) and 8i+k+4 (lanes 2-3), 4->2
+      const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(y[2 * i]), _mm512_castps_pd(y[2 * i + 1]));
+      const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(y[2 * i]), _mm512_castps_pd(y[2 * i + 1]));
+      z[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    // Block k, lane m: vector k + 4m; then lanes back into vector order.
+    const V r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
   }
   // exp (Cephes expf) of x already clamped to [-87.33654, 88.37626]: range-reduce by ln2
   // (two-part constant), degree-5 polynomial, scale by 2^n.

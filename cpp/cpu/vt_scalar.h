@@ -53,6 +53,7 @@ struct VT {
   static V nib_hi(const uint8_t* p) { V r; for (int i = 0; i < W; ++i) r.v[i] = static_cast<float>(p[i] >> 4); return r; }
   // Two roundings (no FMA on the baseline target); fixed, so still batch invariant.
   static V fma(V a, V b, V c) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r; }
+  static float fma1(float a, float b, float c) { return a * b + c; }  // two roundings, as fma
   static V add(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
   static V sub(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] - b.v[i]; return r; }
   static V mul(V a, V b) { V r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] * b.v[i]; return r; }
@@ -67,6 +68,8 @@ struct VT {
     const float s0 = a.v[0] + a.v[4], s1 = a.v[1] + a.v[5], s2 = a.v[2] + a.v[6], s3 = a.v[3] + a.v[7];
     return (s0 + s2) + (s1 + s3);
   }
+  // Lane i = hsum(a[i]) (the SIMD files compute W of them at once).
+  static V hsum_w(const V* a) { V r; for (int i = 0; i < W; ++i) r.v[i] = hsum(a[i]); return r; }
 };
 
 }  // namespace

@@ -209,6 +209,29 @@ TEST_P(Kernels, EmbeddingAndAdd) {
   }
 }
 
+// VT::hsum_w (W reductions at once, used by attention's score tiles) must equal W separate
+// VT::hsum calls bit for bit: mixed magnitudes and signs make any change of addition order show.
+TEST_P(Kernels, HsumTreeEqualsSeparateHsums) {
+  const KernelTable& k = kernels_for(GetParam());
+  const int w = k.lanes;
+  std::mt19937 g(17);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> ex(-30, 30);
+  std::vector<float> x(w * w), tree(w), each(w);
+  int differs_from_plain = 0;
+  for (int it = 0; it < 2000; ++it) {
+    for (auto& v : x) v = std::ldexp(nd(g), ex(g));
+    k.hsum_both(x.data(), tree.data(), each.data());
+    ASSERT_TRUE(bitwise_equal(tree.data(), each.data(), w)) << "iteration " << it;
+    for (int i = 0; i < w; ++i) {  // the data is hard enough that summation order matters
+      float plain = 0.f;
+      for (int l = 0; l < w; ++l) plain += x[i * w + l];
+      differs_from_plain += plain != each[i];
+    }
+  }
+  EXPECT_GT(differs_from_plain, 100);
+}
+
 // ---- KV cache and attention --------------------------------------------------------------------
 
 struct AttnCase {
@@ -348,7 +371,8 @@ std::vector<AttnCase> attn_cases() {
   return {{64, 1, 2, 16, DType::kF32}, {64, 3, 3, 16, DType::kF32}, {32, 4, 2, 8, DType::kF32},
           {32, 3, 1, 8, DType::kBF16}, {64, 4, 1, 16, DType::kF16}, {40, 1, 1, 8, DType::kF32},
           {64, 3, 3, 16, DType::kI8},  {80, 4, 2, 8, DType::kI8},   {96, 1, 2, 16, DType::kI8},
-          {64, 4, 1, 8, DType::kI8},   {40, 3, 1, 16, DType::kI8}};
+          {64, 4, 1, 8, DType::kI8},   {40, 3, 1, 16, DType::kI8},  {128, 5, 1, 16, DType::kBF16},
+          {17, 5, 2, 5, DType::kF16},  {24, 2, 3, 6, DType::kI8},   {128, 2, 2, 16, DType::kF32}};
 }
 
 // int8 attention against the f32 reference on the unquantized K/V: within a bound derived from

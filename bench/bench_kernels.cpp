@@ -20,6 +20,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the reduce intrinsics' own _mm512_undefined_* placeholders (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 #include "backend/backend.h"

@@ -338,8 +338,6 @@ FT_INLINE void qk_tile(const float* const* q, const void* kc, int64_t base, int 
     for (int c = 0; c < C; ++c) srow[r][j0 + c] = t[r * C + c];
 }
 
-// qk_tile over all keys [0, nk) for a run-time row count in [1, RR]; fewer rows get wider key
-// tiles so one hsum_w still reduces (nearly) W chains.
 // Software prefetch of a later block's K and V rows, handed out a few lines per score tile so the
 // requests never pile up in the fill buffers (a block is one page or less and blocks are
 // scattered, so the hardware prefetchers never run ahead into the next one).
@@ -356,6 +354,8 @@ struct Prefetch {
   FT_INLINE void rest() { step = bytes; next(); }
 };
 
+// qk_tile over all keys [0, nk) for a run-time row count in [1, RR]; fewer rows get wider key
+// tiles so one hsum_w still reduces (nearly) W chains.
 template <int RR, int LDT>
 FT_INLINE void qk_rows(int rows, const float* const* q, const void* kc, int64_t base, int hd, int nk,
                        float scale, const float* ks, float* const* srow, Prefetch& pf) {
@@ -455,7 +455,6 @@ FT_INLINE void rows_to_f32(const void* c, int64_t base, int64_t n, float* dst) {
   for (int64_t i = 0; i < nv; i += W) VT::store(dst + i, loadw<DT>(c, base + i));
   if (nv < n) VT::store_n(dst + nv, loadw_n<DT>(c, base + nv, static_cast<int>(n - nv)), static_cast<int>(n - nv));
 }
-
 
 template <int DT>
 void attention_t(const AttnItem& a, float* scratch) {

@@ -188,13 +188,14 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   be->add_rms_norm(res_rows, x_rows, weights_.final_norm().as<float>(), normed, b.num_logits, H,
                    c.rms_norm_eps);
   if (!be->is_device()) {
-    linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits, b.num_logits, c.vocab_size, H);
+    linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits, b.num_logits, c.vocab_size, H,
+           weights_.lm_head_packed());
     return;
   }
   const size_t logit_bytes = static_cast<size_t>(b.num_logits) * c.vocab_size * sizeof(float);
   if (logits_dev_.bytes() < logit_bytes) logits_dev_ = Buffer(be, logit_bytes, false);
   linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits_dev_.as<float>(), b.num_logits,
-         c.vocab_size, H);
+         c.vocab_size, H, weights_.lm_head_packed());
   if (greedy_tokens_ != nullptr) {
     FANTAI_CHECK(be->sample_greedy(logits_dev_.as<float>(), b.num_logits, c.vocab_size, greedy_tokens_,
                                    greedy_logprobs_),

@@ -49,8 +49,8 @@ struct Weights::Slot {
 
 Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend,
                  const std::string& quantization)
-    : config_(config), dtype_(dtype), backend_(backend), layers_(config.num_layers),
-      quantization_(quantization.empty() ? "none" : quantization) {
+    : config_(config), dtype_(dtype), backend_(backend),
+      quantization_(quantization.empty() ? "none" : quantization), layers_(config.num_layers) {
   FANTAI_REQUIRE(dtype != DType::kI8, "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
   FANTAI_REQUIRE(quantization_ == "none" || quantization_ == "int8" || quantization_ == "int4",
                  "unknown quantization '" << quantization << "' (expected none, int8 or int4)");
@@ -240,6 +240,7 @@ void Weights::finalize() {
     FANTAI_LOG(kInfo, "no lm_head.weight in the checkpoint: tying it to the embedding");
   }
   pack_layers();
+  pack_lm_head();
 }
 
 // The layer matrices move into the backend's packed layout when it has one for this dtype; each
@@ -264,14 +265,30 @@ void Weights::pack_layers() {
   }
 }
 
+// Every sampled row crosses the lm_head (up to 64 rows a step in a batched decode), so a dense one
+// goes into the packed layout too, as the layers do; the backend then runs it on the same tiles for
+// every row count. An own matrix moves (the row-major original is freed); a tied one gets a packed
+// copy beside the embedding, which embedding() still reads row by row.
+void Weights::pack_lm_head() {
+  const int64_t V = config_.vocab_size, H = config_.hidden_size;
+  const bool own = lm_head_.data() != nullptr;
+  const bool dense = own ? lm_head_q_.empty() : embed_.data() != nullptr && embed_q_.empty() && lm_head_q_.empty();
+  if (lm_head_packed_.data() || !dense || backend_->dense_packed_bytes(dtype_, V, H) == 0) return;
+  Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, V, H), false);
+  backend_->pack_dense(own ? lm_head_.data() : embed_.data(), dtype_, V, H, packed.data());
+  lm_head_packed_ = std::move(packed);
+  if (own) lm_head_ = Buffer();
+}
+
 // Tied unless the checkpoint gave an lm_head of its own (dense or quantized).
 const void* Weights::lm_head() const {
+  if (lm_head_packed_.data()) return lm_head_packed_.data();
   if (lm_head_.data() || !lm_head_q_.empty()) return lm_head_.data();
   return embed_.data();
 }
 
 const QuantParts& Weights::lm_head_q() const {
-  if (lm_head_.data() || !lm_head_q_.empty()) return lm_head_q_;
+  if (lm_head_packed_.data() || lm_head_.data() || !lm_head_q_.empty()) return lm_head_q_;
   return embed_q_;
 }
 
@@ -281,7 +298,8 @@ size_t Weights::total_bytes() const {
     for (const QuantPart& p : q) n += p.mem.bytes();
     return n;
   };
-  size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes() + parts(embed_q_) + parts(lm_head_q_);
+  size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes() + lm_head_packed_.bytes() +
+                 parts(embed_q_) + parts(lm_head_q_);
   for (const LayerWeights& L : layers_) {
     total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() +
              L.o_bias.bytes() + L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() +

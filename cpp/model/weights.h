@@ -90,7 +90,9 @@ class Weights {
   DType dtype() const { return dtype_; }
   const Buffer& embed() const { return embed_; }        // [vocab, hidden]
   const Buffer& final_norm() const { return final_norm_; }  // [hidden] f32
-  const void* lm_head() const;                           // [vocab, hidden]
+  // [vocab, hidden] row-major, or the backend's packed layout when lm_head_packed().
+  const void* lm_head() const;
+  bool lm_head_packed() const { return lm_head_packed_.data() != nullptr; }
   const QuantParts& embed_q() const { return embed_q_; }  // empty unless quantized
   // The lm_head's quantized parts: its own, or the embedding's when tied (never a dense copy).
   const QuantParts& lm_head_q() const;
@@ -106,6 +108,7 @@ class Weights {
   void add_quant_part(const Slot& s, const std::string& name, const QuantMatrix& canonical,
                       const std::string& format);
   void pack_layers();
+  void pack_lm_head();
   void copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols, const void* src,
                  DType src_dtype, DType dst_dtype);
 
@@ -114,6 +117,7 @@ class Weights {
   Backend* backend_;
   std::string quantization_;
   Buffer embed_, final_norm_, lm_head_;
+  Buffer lm_head_packed_;  // the dense lm_head (own or tied) in the backend's packed layout
   QuantParts embed_q_, lm_head_q_;
   std::map<std::string, std::string> formats_;
   std::vector<LayerWeights> layers_;

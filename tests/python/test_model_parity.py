@@ -64,9 +64,12 @@ def test_qkv_bias_is_loaded(tmp_path: Path) -> None:
     assert np.abs(ours - hf_logits(ref, prompt).numpy()).max() > 1e-3
 
 
-def test_sharded_bf16_checkpoint(tmp_path: Path) -> None:
-    """A bf16 checkpoint split into shards with an index loads, and runs in bf16 and f32."""
-    path = build_tiny_model(tmp_path / "src", arch="llama")
+@pytest.mark.parametrize("tie", [False, True], ids=["own_lm_head", "tied_lm_head"])
+def test_sharded_bf16_checkpoint(tmp_path: Path, tie: bool) -> None:
+    """A bf16 checkpoint split into shards with an index loads, and runs in bf16 and f32 (the bf16
+    run packs the layers and the lm_head, an own one or a copy of the tied embedding, for AMX
+    where the CPU has it)."""
+    path = build_tiny_model(tmp_path / "src", arch="llama", tie=tie)
     ref = hf_model(path)
     sharded = tmp_path / "sharded"
     ref.to(torch.bfloat16).save_pretrained(sharded, max_shard_size="40KB")

@@ -415,31 +415,43 @@ def write_json(args: argparse.Namespace, rows: list[dict[str, Any]], n_prompt: i
         json.dump({"config": meta, "results": rows}, f, indent=2)
 
 
-def run_worker(spec: str, args: argparse.Namespace, workload_path: str) -> dict[str, Any]:
-    system, dtype = spec.split(":")
+def run_json_worker(cmd: list[str], threads: int, env_extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """Runs `cmd --_out F` with the math libraries held to `threads`; returns the JSON the worker
+    wrote to F plus its wall time, spawn time and the load averages around it, or {"error": ...}.
+    Shared by this script's and compare_llamacpp.py's workers."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as out:
         out_path = out.name
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[var] = str(args.threads)
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    env["TQDM_DISABLE"] = "1"  # transformers' GGUF de-quantizing progress bar
-    cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--_worker", spec,
-           "--_workload", workload_path, "--_out", out_path]
-    log(f"running {spec}")
+        env[var] = str(threads)
+    env.update(env_extra or {})
     load_start = os.getloadavg()[0]
     t = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=sys.stderr)
+    spawn_unix = time.time()
+    proc = subprocess.run([*cmd, "--_out", out_path], env=env, stdout=sys.stderr)
     try:
         if proc.returncode != 0:
-            return {"system": system, "dtype": dtype, "error": f"worker exited {proc.returncode}"}
+            return {"error": f"worker exited {proc.returncode}"}
         with open(out_path) as f:
             res = json.load(f)
         res["worker_wall_s"] = time.perf_counter() - t
+        res["spawn_unix"] = spawn_unix
         res["loadavg_start"], res["loadavg_end"] = load_start, os.getloadavg()[0]
         return res
     finally:
         os.unlink(out_path)
+
+
+def run_worker(spec: str, args: argparse.Namespace, workload_path: str) -> dict[str, Any]:
+    system, dtype = spec.split(":")
+    cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--_worker", spec,
+           "--_workload", workload_path]
+    log(f"running {spec}")
+    # No tokenizer threads, no transformers' GGUF de-quantizing progress bar.
+    res = run_json_worker(cmd, args.threads, {"TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"})
+    if "error" in res:
+        res.update(system=system, dtype=dtype)
+    return res
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -338,27 +338,15 @@ def model_kind(path: str) -> str:
 
 
 def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path: str) -> dict[str, Any]:
-    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as out:
-        out_path = out.name
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[var] = str(args.threads)
-    cmd = [python, os.path.abspath(__file__), "--_workload", wl_path, "--_out", out_path,
+    from bench_offline import run_json_worker
+
+    cmd = [python, os.path.abspath(__file__), "--_workload", wl_path,
            "--threads", str(args.threads), "--output-len", str(args.output_len), "--repeats", str(args.repeats),
            "--tg-len", str(args.tg_len), *extra]
-    load_start = os.getloadavg()[0]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=sys.stderr)
-    try:
-        if proc.returncode != 0:
-            return {"error": f"worker exited {proc.returncode}", "cmd": " ".join(extra)}
-        with open(out_path) as f:
-            res = json.load(f)
-        res["worker_wall_s"] = time.perf_counter() - t
-        res["loadavg_start"], res["loadavg_end"] = load_start, os.getloadavg()[0]
-        return res
-    finally:
-        os.unlink(out_path)
+    res = run_json_worker(cmd, args.threads)
+    if "error" in res:
+        res["cmd"] = " ".join(extra)
+    return res
 
 
 PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f32 FMA (zmm)",
@@ -417,25 +405,16 @@ def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, di
 
 
 def run_startup(args: argparse.Namespace, python: str, worker: str, common: list[str], wl_path: str) -> dict[str, Any]:
+    from bench_offline import run_json_worker
+
     times, tokens = [], set()
+    cmd = [python, os.path.abspath(__file__), "--_workload", wl_path, "--threads", str(args.threads),
+           "--fantai-dtype", args.fantai_dtype, "--_worker", worker, *common]
     for _ in range(args.repeats):
-        with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as out:
-            out_path = out.name
-        env = dict(os.environ)
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[var] = str(args.threads)
-        cmd = [python, os.path.abspath(__file__), "--_workload", wl_path, "--_out", out_path,
-               "--threads", str(args.threads), "--fantai-dtype", args.fantai_dtype, "--_worker", worker, *common]
-        try:
-            spawn = time.time()
-            proc = subprocess.run(cmd, env=env, stdout=sys.stderr)
-            if proc.returncode != 0:
-                return {"startup_error": f"{worker} exited {proc.returncode}"}
-            with open(out_path) as f:
-                res = json.load(f)
-        finally:
-            os.unlink(out_path)
-        times.append(res["first_token_unix"] - spawn)
+        res = run_json_worker(cmd, args.threads)
+        if "error" in res:
+            return {"startup_error": f"{worker}: {res['error']}"}
+        times.append(res["first_token_unix"] - res["spawn_unix"])
         tokens.add(res["token"])
     log(f"{worker}: start-up to first token {median(times):.2f} s (all {', '.join(f'{t:.2f}' for t in times)})")
     return {"startup_s": median(times), "startup_all_s": times, "startup_tokens": sorted(tokens)}

@@ -96,10 +96,11 @@ def test_awq_packing_matches_one_value_at_a_time() -> None:
     assert ga.awq_pack(ramp)[0, 0] == np.uint32(0x75316420).view(np.int32)
 
 
-def _gptq_module(rng: np.random.Generator, out: int, k: int, bits: int, group: int, sym: bool, act_order: bool,
-                 v1: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Packed GPTQ tensors of a random weight [out, k], written one value at a time."""
-    w = rng.standard_normal((out, k)).astype(np.float32)
+def _gptq_quantize_given(rng: np.random.Generator, w: np.ndarray, bits: int, group: int, sym: bool,
+                         act_order: bool, v1: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Packed GPTQ tensors of weight w [out, k] (RTN), written one value at a time, and their
+    dequantized reference."""
+    k = w.shape[1]
     g = k if group == -1 else group
     perm = rng.permutation(k) if act_order else np.arange(k)
     q_sorted, scale, zero = rtn_ref(w[:, perm], bits, g, sym)
@@ -107,21 +108,30 @@ def _gptq_module(rng: np.random.Generator, out: int, k: int, bits: int, group: i
     q[:, perm] = q_sorted
     g_idx = np.empty(k, np.int32)
     g_idx[perm] = np.arange(k) // g
-    stored_zero = ((zero.astype(np.int32) - 1) & ((1 << bits) - 1)) if v1 else zero
+    stored = (((zero.astype(np.int32) - 1) & ((1 << bits) - 1)) if v1 else zero).astype(np.uint8)
     scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
-    tensors = {"qweight": gptq_pack_ref(np.ascontiguousarray(q.T), bits),
-               "qzeros": gptq_pack_cols_ref(np.ascontiguousarray(stored_zero.T).astype(np.uint8), bits),
-               "scales": scales, "g_idx": g_idx}
-    return tensors, gptq_unpack_ref(tensors["qweight"], tensors["qzeros"], scales, g_idx, bits, v1)
+    t = {"qweight": gptq_pack_ref(np.ascontiguousarray(q.T), bits),
+         "qzeros": gptq_pack_cols_ref(np.ascontiguousarray(stored.T), bits), "scales": scales, "g_idx": g_idx}
+    return t, gptq_unpack_ref(t["qweight"], t["qzeros"], scales, g_idx, bits, v1)
+
+
+def _awq_quantize_given(w: np.ndarray, group: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    q, scale, zero = rtn_ref(w, 4, group, False)
+    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
+    t = {"qweight": awq_pack_ref(np.ascontiguousarray(q.T)), "qzeros": awq_pack_ref(np.ascontiguousarray(zero.T)),
+         "scales": scales}
+    return t, awq_unpack_ref(t["qweight"], t["qzeros"], scales, group)
+
+
+def _gptq_module(rng: np.random.Generator, out: int, k: int, bits: int, group: int, sym: bool, act_order: bool,
+                 v1: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """_gptq_quantize_given on a random weight [out, k]."""
+    w = rng.standard_normal((out, k)).astype(np.float32)
+    return _gptq_quantize_given(rng, w, bits, group, sym, act_order, v1)
 
 
 def _awq_module(rng: np.random.Generator, out: int, k: int, group: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    w = rng.standard_normal((out, k)).astype(np.float32)
-    q, scale, zero = rtn_ref(w, 4, group, False)
-    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
-    tensors = {"qweight": awq_pack_ref(np.ascontiguousarray(q.T)), "qzeros": awq_pack_ref(np.ascontiguousarray(zero.T)),
-               "scales": scales}
-    return tensors, awq_unpack_ref(tensors["qweight"], tensors["qzeros"], scales, group)
+    return _awq_quantize_given(rng.standard_normal((out, k)).astype(np.float32), group)
 
 
 GPTQ_CASES = [(4, 32, True, False), (4, 32, False, True), (8, -1, True, False), (8, 32, False, True),
@@ -332,31 +342,6 @@ def _write_quantized_twin(src: Path, out: Path, dense: Path, fmt: str, bits: int
                                       "desc_act": act_order, "checkpoint_format": "gptq"}
     (out / "config.json").write_text(json.dumps(cfg))
     save_file(packed, str(out / "model.safetensors"))
-
-
-def _gptq_quantize_given(rng: np.random.Generator, w: np.ndarray, bits: int, group: int, sym: bool,
-                         act_order: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    k = w.shape[1]
-    g = k if group == -1 else group
-    perm = rng.permutation(k) if act_order else np.arange(k)
-    q_sorted, scale, zero = rtn_ref(w[:, perm], bits, g, sym)
-    q = np.empty_like(q_sorted)
-    q[:, perm] = q_sorted
-    g_idx = np.empty(k, np.int32)
-    g_idx[perm] = np.arange(k) // g
-    stored = ((zero.astype(np.int32) - 1) & ((1 << bits) - 1)).astype(np.uint8)
-    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
-    t = {"qweight": gptq_pack_ref(np.ascontiguousarray(q.T), bits),
-         "qzeros": gptq_pack_cols_ref(np.ascontiguousarray(stored.T), bits), "scales": scales, "g_idx": g_idx}
-    return t, gptq_unpack_ref(t["qweight"], t["qzeros"], scales, g_idx, bits, True)
-
-
-def _awq_quantize_given(w: np.ndarray, group: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    q, scale, zero = rtn_ref(w, 4, group, False)
-    scales = np.ascontiguousarray(scale.T.astype(np.float16))  # save_file writes raw memory order
-    t = {"qweight": awq_pack_ref(np.ascontiguousarray(q.T)), "qzeros": awq_pack_ref(np.ascontiguousarray(zero.T)),
-         "scales": scales}
-    return t, awq_unpack_ref(t["qweight"], t["qzeros"], scales, group)
 
 
 CHECKPOINTS = [("gptq", 4, 32, True, False), ("gptq", 4, 32, False, True), ("gptq", 8, -1, True, False),

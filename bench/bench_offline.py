@@ -141,6 +141,18 @@ def log(msg: str) -> None:
 # fantai worker
 
 
+def submit(llm: Any, prompts: list[list[int]], sp: Any) -> tuple[list[Any], dict[int, tuple[Any, int]]]:
+    """LLM.generate's submission: a RequestState per prompt, its core requests added to the engine;
+    returns the states and core request id -> (state, output index)."""
+    states = [llm._make_state(str(i), p, sp) for i, p in enumerate(prompts)]
+    owner: dict[int, tuple[Any, int]] = {}
+    for st in states:
+        for i, (core_id, cp) in enumerate(st.core_requests(llm.max_model_len)):
+            llm.engine.add_request(core_id, st.prompt_token_ids, cp)
+            owner[core_id] = (st, i)
+    return states, owner
+
+
 def fantai_run(llm: Any, prompts: list[list[int]], sp: Any, stamps: list[float] | None = None
                ) -> dict[str, Any]:
     """LLM.generate's loop (llm.py: _make_state / core_requests / engine.step / RequestState.apply),
@@ -149,12 +161,7 @@ def fantai_run(llm: Any, prompts: list[list[int]], sp: Any, stamps: list[float] 
     engine = llm.engine
     before = engine.stats()
     t0 = time.perf_counter()
-    states = [llm._make_state(str(i), p, sp) for i, p in enumerate(prompts)]
-    owner: dict[int, tuple[Any, int]] = {}
-    for st in states:
-        for i, (core_id, cp) in enumerate(st.core_requests(llm.max_model_len)):
-            engine.add_request(core_id, st.prompt_token_ids, cp)
-            owner[core_id] = (st, i)
+    states, owner = submit(llm, prompts, sp)
     utils: list[float] = []
     used_blocks_peak = 0
     last_pre: dict[str, Any] | None = None

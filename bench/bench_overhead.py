@@ -38,14 +38,11 @@ PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 def run(llm: Any, prompts: list[list[int]], out_len: int) -> list[dict[str, float]]:
     from fantai import SamplingParams
 
+    from bench_offline import submit  # main() put bench/ on the path
+
     sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
     engine = llm.engine
-    states = [llm._make_state(str(i), p, sp) for i, p in enumerate(prompts)]
-    owner: dict[int, tuple[Any, int]] = {}
-    for st in states:
-        for i, (core_id, cp) in enumerate(st.core_requests(llm.max_model_len)):
-            engine.add_request(core_id, st.prompt_token_ids, cp)
-            owner[core_id] = (st, i)
+    states, owner = submit(llm, prompts, sp)
     steps: list[dict[str, float]] = []
     before = engine.stats()
     while engine.has_unfinished():

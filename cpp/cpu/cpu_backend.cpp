@@ -57,10 +57,14 @@ class CpuBackend final : public Backend {
     const char* amx = std::getenv("FANTAI_AMX");
     FANTAI_REQUIRE(!amx || !*amx || !std::strcmp(amx, "0") || !std::strcmp(amx, "1"),
                    "FANTAI_AMX='" << amx << "' not understood (0|1)");
-    amx_ = isa == Isa::kAvx512 && !(amx && !std::strcmp(amx, "0")) && amx_usable();
+    const bool amx_ok = isa == Isa::kAvx512 && !(amx && !std::strcmp(amx, "0"));
+    amx_ = amx_ok && amx_usable();
+    // Bit-equal to the VNNI kernel, so a call may take either by its row count.
+    if (amx_ok && panel_fn_) amx_panel_fn_ = amx_int8_linear_panel();
     FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size()
                                            << " quantized kernels=" << (panel_ ? "vnni" : "f32")
-                                           << " amx=" << (amx_ ? "on" : "off"));
+                                           << " amx=" << (amx_ ? "on" : "off")
+                                           << " amx int8=" << (amx_panel_fn_ ? "on" : "off"));
   }
 
   std::string name() const override { return "cpu"; }
@@ -254,7 +258,9 @@ class CpuBackend final : public Backend {
     xq.q = xq_q_.data();
     xq.d = xq_d_.data();
     xq.s = xq_s_.data();
-    const int64_t row_block = 64;
+    // AMX tiles take 16 rows at a time and unpack each panel once per task: taller row blocks.
+    const bool amx = amx_panel_fn_ && m >= kAmxPanelMinRows;
+    const int64_t row_block = amx ? 128 : 64;
     const int64_t row_blocks = ceil_div(m, row_block);
     const int T = pool_.size();
     const int64_t want = (m * w.rows * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
@@ -262,7 +268,7 @@ class CpuBackend final : public Backend {
     const int64_t chunk = m == 1 ? 4 * std::max<int64_t>(1, (panels + 2 * want) / (4 * want))
                                  : std::max<int64_t>(1, ceil_div(panels, want));
     const int64_t chunks = ceil_div(panels, chunk);
-    const LinearPanelFn fn = panel_fn_;
+    const LinearPanelFn fn = amx ? amx_panel_fn_ : panel_fn_;
     pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {
       const int64_t rb = t / chunks, cb = t % chunks;
       const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
@@ -394,6 +400,8 @@ class CpuBackend final : public Backend {
   // unless FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
   LinearPanelFn panel_fn_ = nullptr;
   QuantizeRowsFn quant_rows_fn_ = quantize_rows_int8;
+  LinearPanelFn amx_panel_fn_ = nullptr;  // AMX int8 twin of panel_fn_, or none
+  static constexpr int64_t kAmxPanelMinRows = 16;
   bool panel_ = false;
   bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
   ThreadPool pool_;

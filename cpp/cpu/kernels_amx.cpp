@@ -24,14 +24,22 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-bool probe() {
+// Tile state granted by Linux (arch_prctl ARCH_REQ_XCOMP_PERM), asked once per process.
+bool tile_permission() {
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+  }();
+  return ok;
+}
+
+// CPUID leaf 7.0 EDX: bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8.
+bool probe(int bit) {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
-  if (!amx_bf16 || !amx_tile) return false;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1)) return false;  // AVX512-BF16
-  constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
-  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+  if (!((d >> 24) & 1) || !((d >> bit) & 1)) return false;
+  if (bit == 22 && (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1))) return false;  // AVX512-BF16
+  return tile_permission();
 }
 
 // C tile B (0..3) += hi x w + lo x w for one k tile; w goes through tile T (6 or 7, alternating
@@ -70,7 +78,12 @@ FA_INLINE void tile_rows(const uint16_t* hi, const uint16_t* lo, int64_t ldx_byt
 }  // namespace
 
 bool amx_usable() {
-  static const bool ok = probe();
+  static const bool ok = probe(22);
+  return ok;
+}
+
+bool amx_int8_usable() {
+  static const bool ok = probe(25);
   return ok;
 }
 
@@ -126,6 +139,7 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   const uint8_t trows = static_cast<uint8_t>(m < 16 ? m : 16);
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? trows : 16;
+  __asm__ __volatile__("" : : "r"(&cfg) : "memory");  // GCC may drop stores ldtilecfg reads
   _tile_loadconfig(&cfg);
   alignas(64) float c[16 * 64];
   const uint8_t* w = static_cast<const uint8_t*>(packed);
@@ -166,6 +180,7 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
 
 namespace fantai::cpu {
 bool amx_usable() { return false; }
+bool amx_int8_usable() { return false; }
 size_t amx_packed_bytes(int64_t, int64_t) { return 0; }
 void amx_pack_bf16(const uint16_t*, int64_t, int64_t, void*) { std::abort(); }
 void amx_split_rows(const float*, int64_t, int64_t, int64_t, int64_t, uint16_t*, uint16_t*) { std::abort(); }

@@ -11,6 +11,8 @@ namespace fantai::cpu {
 // CPUID AMX-TILE + AMX-BF16 + AVX512-BF16, and Linux granted this process the tile state
 // (arch_prctl ARCH_REQ_XCOMP_PERM). Probed once; false on non-x86 builds.
 bool amx_usable();
+// CPUID AMX-TILE + AMX-INT8 and the tile state granted (the quantized panel linear's tiles).
+bool amx_int8_usable();
 
 // Packed layout of a bf16 [n, k] matrix: 16-column blocks, each ceil(k/32) consecutive 1 KiB
 // tiles; tile row p holds k pairs (2p, 2p+1) of the block's 16 columns interleaved (VNNI),

@@ -82,6 +82,10 @@ void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int
 using LinearPanelFn = void (*)(const QuantizedRows& x, const QuantMatrix& w, const float* bias,
                                float* y, int64_t m, int64_t ldy, int64_t p0, int64_t p1);
 LinearPanelFn avx512_vnni_linear_panel();
+// The same function on AMX int8 tiles, bit-equal to the VNNI one (the integer block sums are
+// exact, the float updates are the same operations in the same order); nullptr unless built with
+// AMX and amx_int8_usable(). Tiles of 16 rows: worth it from a few rows up, not for decode.
+LinearPanelFn amx_int8_linear_panel();
 // quantize_rows_int8 on AVX-512, bit-equal to it (same max, same f32 product, same round to
 // nearest even); nullptr when not built or not x86. Rows are independent: callers may split them.
 using QuantizeRowsFn = void (*)(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d,

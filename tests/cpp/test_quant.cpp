@@ -403,6 +403,41 @@ TEST(QuantPanel, LinearIsBatchAndThreadInvariant) {
   }
 }
 
+// The AMX int8 twin must give the VNNI kernel's bits on every format and ragged shape (the backend
+// switches between them by row count), including a short last block inside a group and rows or
+// panels that fill no whole tile.
+TEST(QuantPanel, AmxInt8EqualsVnniBitForBit) {
+  const cpu::LinearPanelFn amx = cpu::amx_int8_linear_panel(), vnni = cpu::avx512_vnni_linear_panel();
+  if (!amx || !vnni || !cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AMX-INT8 (or no VNNI) here";
+  uint32_t seed = 4000;
+  for (bool half : {false, true})
+    for (const Spec& s : kSpecs)
+      for (int64_t m : {1, 5, 16, 17, 33, 70})
+        for (int64_t k : {40, 100, 257, 576}) {
+          const int64_t n = 53, panels = (n + 15) / 16;
+          QuantTensor t = random_quant(n, k, s, seed++);
+          if (half) round_scales_to_half(&t);
+          const Packed p = pack_panel(t);
+          const std::vector<float> x = randn(m * k, seed++);
+          const std::vector<float> bias = randn(n, seed++);
+          const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
+          for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+            std::vector<float> want(m * n, -1.f), got(m * n, -2.f);
+            vnni(xq.rows, p.w, b, want.data(), m, n, 0, panels);
+            amx(xq.rows, p.w, b, got.data(), m, n, 0, panels);
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+                << "bits " << s.bits << " group " << s.group << " half " << half << " m " << m << " k " << k;
+          }
+          // A panel sub-range writes only its columns.
+          std::vector<float> part(m * n, 7.f), want(m * n);
+          vnni(xq.rows, p.w, nullptr, want.data(), m, n, 0, panels);
+          amx(xq.rows, p.w, nullptr, part.data(), m, n, 1, panels);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < n; ++j)
+              ASSERT_EQ(part[r * n + j], j < 16 ? 7.f : want[r * n + j]) << "r " << r << " j " << j;
+        }
+}
+
 TEST(QuantPanel, BackendPacksPanelsUnlessAskedForF32) {
   if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
   const QuantTensor t = random_quant(20, 64, {4, 32, false, true, false}, 5);

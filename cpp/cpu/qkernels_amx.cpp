@@ -114,10 +114,18 @@ void pack_rows(const QuantizedRows& x, int64_t m, int64_t mp, int B, int8_t* dst
   const int64_t nb = x.nblocks;
   for (int64_t r = 0; r < mp; ++r) {
     const int64_t t = r / 16, i = r % 16;
-    for (int64_t bi = 0; bi < nb; ++bi) {
-      int8_t* out = dst + ((t * nb + bi) * 16 + i) * B;
-      if (r < m) std::memcpy(out, x.q + r * x.ld + bi * B, static_cast<size_t>(B));
-      else std::memset(out, 0, static_cast<size_t>(B));
+    const int8_t* src = x.q + r * x.ld;
+    int8_t* out = dst + (t * nb * 16 + i) * B;  // block bi at out + bi * 16 * B
+    if (r >= m) {
+      for (int64_t bi = 0; bi < nb; ++bi) std::memset(out + bi * 16 * B, 0, static_cast<size_t>(B));
+    } else if (B == 32) {
+      for (int64_t bi = 0; bi < nb; ++bi)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + bi * 16 * 32),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + bi * 32)));
+    } else {
+      for (int64_t bi = 0; bi < nb; ++bi)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + bi * 16 * 16),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + bi * 16)));
     }
   }
 }
@@ -155,10 +163,14 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
   const int B = xq_block(w);
   const int64_t a_next = nb * 16 * B;  // second row tile's packed rows
   const int nt = TWO_ROWS ? 2 : 1;
-  for (int i = 0; i < nt * 16 * 2 * 16; i += 16) _mm512_store_ps(fa + i, _mm512_setzero_ps());
+  // Unrolled: as a loop GCC turns this into rep stosq, whose start-up cost showed in profiles.
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 64
+  for (int i = 0; i < nt * 16 * 2; ++i) _mm512_store_ps(fa + i * 16, zero);
   __m512 vs[PC], vz[PC], vm[PC];
   int64_t cur_g = -1;
-  auto issue = [&](int64_t bi) {
+  // Row tile 0's products (C 0/1, A 4, B 6/7) and row tile 1's (C 2/3, A 5, same B).
+  auto issue0 = [&](int64_t bi) {
     _tile_zero(0);
     _tile_loadd(4, xa + bi * 16 * B, B);
     _tile_loadd(6, wb + bi * B * 16, 64);
@@ -168,30 +180,33 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
       _tile_loadd(7, wb + panel_bytes + bi * B * 16, 64);
       _tile_dpbsud(1, 4, 7);
     }
-    if constexpr (TWO_ROWS) {
-      _tile_zero(2);
-      _tile_loadd(5, xa + a_next + bi * 16 * B, B);
-      _tile_dpbsud(2, 5, 6);
-      if constexpr (PC > 1) {
-        _tile_zero(3);
-        _tile_dpbsud(3, 5, 7);
-      }
+  };
+  auto issue1 = [&](int64_t bi) {
+    _tile_zero(2);
+    _tile_loadd(5, xa + a_next + bi * 16 * B, B);
+    _tile_dpbsud(2, 5, 6);
+    if constexpr (PC > 1) {
+      _tile_zero(3);
+      _tile_dpbsud(3, 5, 7);
     }
   };
-  auto store = [&](int32_t* cb) {
+  auto store0 = [&](int32_t* cb) {
     _tile_stored(0, cb, 64);
     if constexpr (PC > 1) _tile_stored(1, cb + 256, 64);
-    if constexpr (TWO_ROWS) {
-      _tile_stored(2, cb + 512, 64);
-      if constexpr (PC > 1) _tile_stored(3, cb + 768, 64);
-    }
   };
-  issue(0);
-  store(cbuf);
+  auto store1 = [&](int32_t* cb) {
+    _tile_stored(2, cb + 512, 64);
+    if constexpr (PC > 1) _tile_stored(3, cb + 768, 64);
+  };
+  issue0(0);
+  if constexpr (TWO_ROWS) issue1(0);
+  store0(cbuf);
+  if constexpr (TWO_ROWS) store1(cbuf);
   for (int64_t bi = 0; bi < nb; ++bi) {
     int32_t* cur = cbuf + (bi & 1) * 1024;
     const bool more = bi + 1 < nb;
-    if (more) issue(bi + 1);
+    int32_t* nxt = cbuf + ((bi + 1) & 1) * 1024;
+    if (more) issue0(bi + 1);
     const int64_t g = bi * B / G;
     if (g != cur_g) {
       cur_g = g;
@@ -206,11 +221,13 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
         if constexpr (HM) vm[c] = load_scale<HS>(w.min, gi);
       }
     }
+    if (more && TWO_ROWS) issue1(bi + 1);
     fold_block<PC, HZ, HM>(cur, fd + bi, fsx + bi, fdsx + bi, nb, vs, vz, vm, fa);
+    if (more) store0(nxt);
     if constexpr (TWO_ROWS)
       fold_block<PC, HZ, HM>(cur + 512, fd + 16 * nb + bi, fsx + 16 * nb + bi, fdsx + 16 * nb + bi, nb, vs, vz, vm,
                              fa + 16 * 2 * 16);
-    if (more) store(cbuf + ((bi + 1) & 1) * 1024);
+    if (more && TWO_ROWS) store1(nxt);
   }
 #pragma GCC unroll 2
   for (int c = 0; c < PC; ++c) {

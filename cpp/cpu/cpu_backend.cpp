@@ -470,7 +470,11 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
   const int64_t per = (need + 16 + 15) / 16 * 16;
   std::vector<float> scratch(static_cast<size_t>(per * pool_.size() + 16));
   const auto fn = k_.attention;
-  pool_.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int tid) {
+  // Causal work grows with a tile's position: hand out the last tiles first (longest first), so
+  // the pool does not end on one thread finishing a long tile while the others wait.
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  pool_.parallel_for(n_items, [&](int64_t task, int tid) {
+    const int64_t i = n_items - 1 - task;
     // 64-byte align each thread's scratch (vector<float> only promises 16).
     float* base = scratch.data() + per * tid;
     const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + 63) & ~uintptr_t{63};

@@ -354,6 +354,14 @@ struct Prefetch {
   FT_INLINE void rest() { step = bytes; next(); }
 };
 
+// Keys per score tile of rr rows: the largest power of two with rr * keys <= W, so tiles divide a
+// block (3 rows take 4 keys, not 5: 5-key tiles would run 20 columns for a 16-key block).
+constexpr int qk_keys(int rr) {
+  int c = 1;
+  while (2 * c * rr <= W) c *= 2;
+  return c;
+}
+
 // qk_tile over all keys [0, nk) for a run-time row count in [1, RR]; fewer rows get wider key
 // tiles so one hsum_w still reduces (nearly) W chains.
 template <int RR, int LDT>
@@ -362,7 +370,7 @@ FT_INLINE void qk_rows(int rows, const float* const* q, const void* kc, int64_t 
   if constexpr (RR > 1) {
     if (rows < RR) return qk_rows<RR - 1, LDT>(rows, q, kc, base, hd, nk, scale, ks, srow, pf);
   }
-  constexpr int C = W / RR;
+  constexpr int C = qk_keys(RR);
   for (int j0 = 0; j0 < nk; j0 += C) {
     pf.next();
     qk_tile<RR, C, LDT>(q, kc, base, hd, j0, nk, scale, ks, srow);
@@ -523,7 +531,7 @@ void attention_t(const AttnItem& a, float* scratch) {
     // Block b + kAhead, spread over this block's score tiles.
     Prefetch pf = prefetch_block(b + kAhead);
     {
-      const int rq = imin_(RQ, nh - r0), tiles = (nh - r0 + rq - 1) / rq * ((nkmax + W / rq - 1) / (W / rq));
+      const int rq = imin_(RQ, nh - r0), kc = qk_keys(rq), tiles = (nh - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
       pf.step = (head_bytes / tiles + 63) / 64 * 64;
     }
     // Scores. A row past its own position's keys gets extra columns it never reads.

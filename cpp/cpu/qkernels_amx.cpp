@@ -157,7 +157,7 @@ FQ_INLINE void fold_block(const int32_t* cb, const float* d, const float* sx, co
 // overlap; four independent products per round hide the tile latency.
 template <int PC, bool TWO_ROWS, bool HZ, bool HM, bool HS>
 FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, float* y, int64_t ldy, int64_t p,
-                        int64_t r, int rows, const int8_t* xa, const uint8_t* wb, int64_t panel_bytes,
+                        int64_t r, int rows, const int8_t* xa, const uint8_t* wb, int64_t panel_stride,
                         int32_t* cbuf, float* fa, const float* fd, const float* fsx, const float* fdsx) {
   const int64_t G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
@@ -177,7 +177,7 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
     _tile_dpbsud(0, 4, 6);
     if constexpr (PC > 1) {
       _tile_zero(1);
-      _tile_loadd(7, wb + panel_bytes + bi * B * 16, 64);
+      _tile_loadd(7, wb + panel_stride + bi * B * 16, 64);
       _tile_dpbsud(1, 4, 7);
     }
   };
@@ -252,17 +252,17 @@ void configure(int B) {
 
 template <int PC, int BITS, bool HZ, bool HM, bool HS>
 FQ_INLINE void panels_rows(const QuantMatrix& w, int64_t nb, const float* bias, float* y, int64_t ldy, int64_t p,
-                           int64_t m, const int8_t* apk, const uint8_t* wb, int64_t panel_bytes, int32_t* cbuf,
+                           int64_t m, const int8_t* apk, const uint8_t* wb, int64_t panel_stride, int32_t* cbuf,
                            float* fa, const RowFactors& f) {
   const int B = xq_block(w);
   for (int64_t r = 0; r < m; r += 32) {
     const int rows = static_cast<int>(min64(32, m - r));
     const int8_t* xa = apk + r * nb * B;
     if (rows > 16)
-      row_pair<PC, true, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_bytes, cbuf, fa, f.d + r * nb,
+      row_pair<PC, true, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_stride, cbuf, fa, f.d + r * nb,
                                      f.sx + r * nb, f.dsx + r * nb);
     else
-      row_pair<PC, false, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_bytes, cbuf, fa, f.d + r * nb,
+      row_pair<PC, false, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_stride, cbuf, fa, f.d + r * nb,
                                       f.sx + r * nb, f.dsx + r * nb);
   }
 }
@@ -285,15 +285,26 @@ void linear_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, f
   row_factors(x, m, mp, f);
   pack_rows(x, m, mp, B, apk);
   configure(B);
+  // 8-bit panels with only whole blocks already are B tiles (a block's 4-column steps are its
+  // tile rows, and block bi starts at byte bi * B * 16): no copy, the tiles load from the matrix.
+  const int64_t k = w.cols, G = w.group;
+  const bool direct = BITS == 8 && k % B == 0 && (G % B == 0 || w.ngroups() == 1);
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
   for (int64_t p = p0; p < p1; p += 2) {
     const bool two = p + 1 < p1;
-    unpack_panel<BITS>(w, p, B, wb);
-    if (two) {
-      unpack_panel<BITS>(w, p + 1, B, wb + panel_bytes);
-      panels_rows<2, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wb, panel_bytes, cbuf, fa, f);
+    const uint8_t* wp = wb;
+    int64_t stride = panel_bytes;
+    if (direct) {
+      wp = data + p * w.ld;
+      stride = w.ld;
     } else {
-      panels_rows<1, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wb, panel_bytes, cbuf, fa, f);
+      unpack_panel<BITS>(w, p, B, wb);
+      if (two) unpack_panel<BITS>(w, p + 1, B, wb + panel_bytes);
     }
+    if (two)
+      panels_rows<2, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);
+    else
+      panels_rows<1, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);
   }
   _tile_release();
 }

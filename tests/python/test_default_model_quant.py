@@ -101,3 +101,25 @@ def test_default_kernel_stays_close_to_dequantized() -> None:
     nll_exact = perplexity(exact._model.score, ids, 512)["nll"]
     print(f"default kernel: NLL {nll_fast:.4f} vs dequantized {nll_exact:.4f}")
     assert abs(nll_fast - nll_exact) < 0.01 * nll_exact
+
+
+def test_default_kernel_is_the_same_with_and_without_amx() -> None:
+    """Where the CPU has AMX-INT8, prompts of 16+ tokens run the int8 linears on tiles (decode stays
+    on VNNI); both give the same bits, so the default model's logits and greedy tokens are equal
+    with FANTAI_AMX=0. (Without AMX both models run VNNI and this holds trivially.)"""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("FANTAI_QUANT_KERNEL", raising=False)
+        mp.delenv("FANTAI_AMX", raising=False)
+        amx = LLM(dtype="float32", kv_cache_memory="64M")
+        mp.setenv("FANTAI_AMX", "0")
+        vnni = LLM(dtype="float32", kv_cache_memory="64M")
+    ids = amx.tokenizer.encode("The old lighthouse keeper climbed the narrow stairs every evening at dusk, "
+                               "and from the top he could see the fishing boats returning to the harbour, "
+                               "their lanterns swaying with the waves.")
+    assert len(ids) >= 32  # two 16-row tiles and a partial one
+    a, b = amx._model.score(ids), vnni._model.score(ids)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    convs = [[{"role": "user", "content": q}] for q in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    got = [o.outputs[0].token_ids for o in amx.chat(convs, params, use_tqdm=False)]
+    assert got == [o.outputs[0].token_ids for o in vnni.chat(convs, params, use_tqdm=False)]

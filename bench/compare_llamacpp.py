@@ -39,8 +39,8 @@ Single-stream figures are medians of --repeats.
 
 Roofline (with --probe, default: build/wheel/bench/bench_kernels when it exists): the machine's
 peaks are measured by bench_kernels --only probe right before the systems run, on --threads
-threads: read bandwidth (512 MB array, mostly DRAM), f32 FMA, vdpbf16ps, AMX tdpbf16ps and
-vpdpbusd. Per row: decode GB/s = the model file's tensor bytes (all read once per decoded token;
+threads: read bandwidth (512 MB array, mostly DRAM), f32 FMA, vdpbf16ps, AMX tdpbf16ps,
+vpdpbusd and AMX tdpbusd (int8 tiles, which fantai's quantized prefill uses where it has them). Per row: decode GB/s = the model file's tensor bytes (all read once per decoded token;
 the tied embedding is the lm_head) x decode tok/s, as a fraction of the read bandwidth; pp512
 GFLOP/s = 2 x the matmul weights' elements other than the embedding (attention's own FLOPs left
 out, so the figure is a lower bound) x pp512 tok/s, as a fraction of each compute peak.
@@ -351,7 +351,7 @@ def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path:
 
 PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f32 FMA (zmm)",
           "bf16dot_gflops": "probe peak vdpbf16ps (zmm)", "amx_bf16_gflops": "probe peak AMX tdpbf16ps",
-          "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)"}
+          "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)", "amx_int8_gops": "probe peak AMX tdpbusd u8*s8"}
 
 
 def run_probe(binary: str, threads: int) -> dict[str, float]:
@@ -384,7 +384,7 @@ def model_costs(path: str) -> dict[str, float]:
 def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, dict[str, float]],
              peaks: dict[str, float]) -> str:
     names = [("f32 FMA", "fma_gflops"), ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
-             ("vpdpbusd", "vnni_gops")]
+             ("vpdpbusd", "vnni_gops"), ("AMX int8", "amx_int8_gops")]
     names = [(n, k) for n, k in names if k in peaks]
     bw = peaks.get("read_gbs")
     lines = ["| model file | system | decode GB/s | % of read BW " + (f"({bw:.1f} GB/s)" if bw else "") + " | pp512 GFLOP/s | "

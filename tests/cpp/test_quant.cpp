@@ -176,7 +176,7 @@ TEST_P(QuantKernels, LinearIsBatchAndThreadInvariant) {
   auto be1 = cpu::make_cpu_backend(GetParam(), 1);
   auto be2 = cpu::make_cpu_backend(GetParam(), 2);
   const Spec s{4, 32, false, true, false};
-  const int64_t m = 70, n = 301, k = 576;
+  const int64_t m = 300, n = 301, k = 576;  // 300: AMX row blocks of 128 and a tail
   const QuantTensor t = random_quant(n, k, s, 7);
   const Packed p = pack(t);
   const std::vector<float> x = randn(m * k, 8);
@@ -388,7 +388,7 @@ TEST(QuantPanel, LinearIsBatchAndThreadInvariant) {
   auto be1 = cpu::make_cpu_backend(Isa::kAvx512, 1);
   auto be2 = cpu::make_cpu_backend(Isa::kAvx512, 2);
   for (const Spec& s : {Spec{4, 32, false, true, false}, Spec{8, 16, true, false, false}}) {
-    const int64_t m = 70, n = 301, k = 576;
+    const int64_t m = 300, n = 301, k = 576;  // 300: AMX row blocks of 128 and a tail
     const QuantTensor t = random_quant(n, k, s, 7);
     const Packed p = pack_panel(t);
     const std::vector<float> x = randn(m * k, 8);
@@ -412,7 +412,7 @@ TEST(QuantPanel, AmxInt8EqualsVnniBitForBit) {
   uint32_t seed = 4000;
   for (bool half : {false, true})
     for (const Spec& s : kSpecs)
-      for (int64_t m : {1, 5, 16, 17, 33, 70})
+      for (int64_t m : {1, 5, 16, 17, 33, 70, 301})
         for (int64_t k : {40, 100, 257, 576}) {
           const int64_t n = 53, panels = (n + 15) / 16;
           QuantTensor t = random_quant(n, k, s, seed++);

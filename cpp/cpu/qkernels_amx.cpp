@@ -28,14 +28,7 @@ struct TileConfig {
 
 FQ_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-template <bool HS>
-FQ_INLINE __m512 load_scale(const float* a, int64_t i) {
-  if constexpr (HS) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(a) + i)));
-  } else {
-    return _mm512_loadu_ps(a + i);
-  }
-}
+#include "cpu/qkernels_panel_impl.h"
 
 // Thread-local scratch: plain malloc (no std:: templates in an ISA-flagged file, see
 // kernels_impl.h), grown on demand, freed at thread exit.
@@ -159,7 +152,7 @@ template <int PC, bool TWO_ROWS, bool HZ, bool HM, bool HS>
 FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, float* y, int64_t ldy, int64_t p,
                         int64_t r, int rows, const int8_t* xa, const uint8_t* wb, int64_t panel_stride,
                         int32_t* cbuf, float* fa, const float* fd, const float* fsx, const float* fdsx) {
-  const int64_t G = w.group, ng = w.ngroups();
+  const int64_t G = w.group;
   const int B = xq_block(w);
   const int64_t a_next = nb * 16 * B;  // second row tile's packed rows
   const int nt = TWO_ROWS ? 2 : 1;
@@ -210,16 +203,7 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
     const int64_t g = bi * B / G;
     if (g != cur_g) {
       cur_g = g;
-#pragma GCC unroll 2
-      for (int c = 0; c < PC; ++c) {
-        const int64_t gi = ((p + c) * ng + g) * 16;
-        vs[c] = load_scale<HS>(w.scale, gi);
-        if constexpr (HZ) {
-          vz[c] = w.zero ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero + gi))))
-                         : _mm512_set1_ps(static_cast<float>(w.zero_point));
-        }
-        if constexpr (HM) vm[c] = load_scale<HS>(w.min, gi);
-      }
+      panel_group_scales<PC, HZ, HM, HS>(w, p, g, vs, vz, vm);
     }
     if (more && TWO_ROWS) issue1(bi + 1);
     fold_block<PC, HZ, HM>(cur, fd + bi, fsx + bi, fdsx + bi, nb, vs, vz, vm, fa);

@@ -30,15 +30,7 @@ FV_INLINE __m512i bcast4(const int8_t* p) {
 
 FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// 16 lanes of scale (or min) at element i: f32, or f16 in the half-scale layout.
-template <bool HS>
-FV_INLINE __m512 load_scale(const float* a, int64_t i) {
-  if constexpr (HS) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(a) + i)));
-  } else {
-    return _mm512_loadu_ps(a + i);
-  }
-}
+#include "cpu/qkernels_panel_impl.h"
 
 // R activation rows x PC panels. Integer sums inside a block are exact, so only the per-block
 // float updates have an order, and it is fixed by (k, group, block).
@@ -56,16 +48,7 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
     for (int c = 0; c < PC; ++c) facc[r][c] = _mm512_setzero_ps();
   for (int64_t g = 0; g < ng; ++g) {
     __m512 vs[PC], vz[PC], vm[PC];
-#pragma GCC unroll 4
-    for (int c = 0; c < PC; ++c) {
-      const int64_t gi = ((p + c) * ng + g) * 16;
-      vs[c] = load_scale<HS>(w.scale, gi);
-      if constexpr (HZ) {
-        vz[c] = w.zero ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero + gi))))
-                       : _mm512_set1_ps(static_cast<float>(w.zero_point));
-      }
-      if constexpr (HM) vm[c] = load_scale<HS>(w.min, gi);
-    }
+    panel_group_scales<PC, HZ, HM, HS>(w, p, g, vs, vz, vm);
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
       const int64_t blen = min64(B, g1 - b0);

@@ -8,6 +8,8 @@
 #if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <cpuid.h>
 #include <immintrin.h>
+
+#include "cpu/amx_tiles.h"
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -17,12 +19,6 @@ namespace {
 #define FA_INLINE inline __attribute__((always_inline))
 
 constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes
-
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // Tile state granted by Linux (arch_prctl ARCH_REQ_XCOMP_PERM), asked once per process.
 bool tile_permission() {
@@ -137,10 +133,9 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   // A call of fewer than 16 rows runs tiles of just those rows: a tile product costs per row, and
   // a row's arithmetic is the same in a short tile as in a full one (rows are independent).
   const uint8_t trows = static_cast<uint8_t>(m < 16 ? m : 16);
-  TileConfig cfg;
+  amx::TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? trows : 16;
-  __asm__ __volatile__("" : : "r"(&cfg) : "memory");  // GCC may drop stores ldtilecfg reads
-  _tile_loadconfig(&cfg);
+  amx::load_config(cfg);
   alignas(64) float c[16 * 64];
   const uint8_t* w = static_cast<const uint8_t*>(packed);
   // Column groups of 4 blocks (4 x kt KiB of weights, L2-resident) swept by every row tile.

@@ -15,16 +15,12 @@
     defined(__AVX512BW__)
 #include <immintrin.h>
 
+#include "cpu/amx_tiles.h"
+
 namespace fantai::cpu {
 namespace {
 
 #define FQ_INLINE inline __attribute__((always_inline))
-
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 FQ_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -225,13 +221,11 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
 }
 
 void configure(int B) {
-  TileConfig cfg;
+  amx::TileConfig cfg;
   for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;                          // C
   for (int t = 4; t < 6; ++t) cfg.colsb[t] = static_cast<uint16_t>(B), cfg.rows[t] = 16;   // A
   for (int t = 6; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = static_cast<uint8_t>(B / 4);  // B
-  // GCC does not see ldtilecfg read the whole 64 bytes and drops the colsb/rows stores.
-  __asm__ __volatile__("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
+  amx::load_config(cfg);
 }
 
 template <int PC, int BITS, bool HZ, bool HM, bool HS>

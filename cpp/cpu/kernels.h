@@ -39,8 +39,8 @@ struct AttnItem {
 inline int64_t attn_scratch_floats(int32_t num_q, int32_t group, int32_t head_dim,
                                    int32_t block_size) {
   // Per (row, head): head_dim outputs + max + sum + one block's scores (padded to 16 lanes, plus
-  // 16 of slack); then one block of K and of V in f32.
-  return static_cast<int64_t>(num_q) * group * (head_dim + 2 + block_size + 32) +
+  // 16 of slack) + the block's softmax correction; then one block of K and of V in f32.
+  return static_cast<int64_t>(num_q) * group * (head_dim + 3 + block_size + 32) +
          2 * static_cast<int64_t>(block_size) * head_dim + 64;
 }
 

@@ -274,12 +274,6 @@ void to_f32(const void* src, DType st, float* dst, int64_t n) {
 // dot product (s_j = (q . kq_j) * (ks_j * scale)), and a value's scale vs_j folds into its weight
 // (o += (p_j * vs_j) vq_j) while l sums the plain p_j; no dequantized values are ever stored.
 
-FT_INLINE float exp1(float x) {
-  alignas(64) float t[W];
-  VT::store(t, VT::exp(VT::set1(x)));
-  return t[0];
-}
-
 // Scores of keys j0 .. j0+C-1 (clamped to nk - 1; columns past nk hold junk) for R rows:
 // srow[r][j] = hsum(chain of q_r . k_j) * (ks ? ks[j] * scale : scale). k_j at kc element base +
 // j * hd, loaded as dtype LDT.
@@ -377,28 +371,58 @@ FT_INLINE void qk_rows(int rows, const float* const* q, const void* kc, int64_t 
   }
 }
 
-// Online-softmax update of one row with this block's nk scores s[0, nk) (s has room for nk
-// rounded up to W). Leaves p_j (times vs_j for int8) in s and returns the factor for the old o.
-FT_INLINE float softmax_row(float* s, int nk, float* mx, float* sum, const float* vs) {
+// Online-softmax update of rows t < n, each with its own block scores srow[t][0, nk(t)) (rows have
+// room for nk rounded up to W), running max mx[t] and denominator sum[t] (contiguous). Per row:
+// m' = max(m, max_j s_j); p_j = exp(s_j - m') left in srow[t] (times vs_j for int8); l' =
+// l * corr + hsum(sum of the p chunks), corr = exp(m - m') (0 for a row's first block), written
+// to corr[t]. The rows' scalar steps run as lanes of one vector (W rows at a time), so no row waits
+// on another's reduction chain; each lane's arithmetic is the single row's (exp and fma are
+// lane-wise, hsum_w is bit-identical to hsum, max is exact in any order).
+template <class NK>
+FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, float* mx, float* sum, const float* vs,
+                            float* corr) {
   const float ninf = -__builtin_inff();
-  const int nkp = (nk + W - 1) / W * W;
-  for (int j = nk; j < nkp; ++j) s[j] = ninf;
-  V vmax = VT::set1(ninf);
-  for (int c = 0; c < nkp; c += W) vmax = VT::max(vmax, VT::load(s + c));
-  const float m_old = *mx;
-  const float m_new = fmax_(m_old, VT::hmax(vmax));
-  const V vm = VT::set1(m_new);
-  for (int c = 0; c < nkp; c += W) VT::store(s + c, VT::exp(VT::sub(VT::load(s + c), vm)));
-  for (int j = nk; j < nkp; ++j) s[j] = 0.f;  // padding lanes carry no weight
-  V ps = VT::zero();
-  for (int c = 0; c < nkp; c += W) ps = VT::add(ps, VT::load(s + c));
-  const float corr = m_old == ninf ? 0.f : exp1(m_old - m_new);
-  *sum = VT::fma1(*sum, corr, VT::hsum(ps));
-  *mx = m_new;
-  if (vs) {
-    for (int j = 0; j < nk; ++j) s[j] *= vs[j];
+  for (int t0 = 0; t0 < n; t0 += W) {
+    const int rows = imin_(W, n - t0);
+    alignas(64) float m_old[W], m_new[W], c[W];
+    V ps[W];
+    for (int t = 0; t < rows; ++t) {
+      float* s = srow[t0 + t];
+      const int k = nk(t0 + t), kp = (k + W - 1) / W * W;
+      for (int j = k; j < kp; ++j) s[j] = ninf;
+      V vmax = VT::set1(ninf);
+      for (int i = 0; i < kp; i += W) vmax = VT::max(vmax, VT::load(s + i));
+      m_old[t] = mx[t0 + t];
+      m_new[t] = fmax_(m_old[t], VT::hmax(vmax));
+    }
+    for (int t = rows; t < W; ++t) m_old[t] = m_new[t] = 0.f, ps[t] = VT::zero();
+    for (int t = 0; t < rows; ++t) {
+      float* s = srow[t0 + t];
+      const int k = nk(t0 + t), kp = (k + W - 1) / W * W;
+      const V vm = VT::set1(m_new[t]);
+      V acc = VT::zero();
+      for (int i = 0; i < kp; i += W) {
+        const V p = VT::exp(VT::sub(VT::load(s + i), vm));
+        VT::store(s + i, p);
+      }
+      for (int j = k; j < kp; ++j) s[j] = 0.f;  // padding lanes carry no weight
+      for (int i = 0; i < kp; i += W) acc = VT::add(acc, VT::load(s + i));
+      ps[t] = acc;
+    }
+    VT::store(c, VT::exp(VT::sub(VT::load(m_old), VT::load(m_new))));
+    for (int t = 0; t < rows; ++t)
+      if (m_old[t] == ninf) c[t] = 0.f;
+    const V l = VT::fma(VT::load_n(sum + t0, rows), VT::load(c), VT::hsum_w(ps));
+    VT::store_n(sum + t0, l, rows);
+    VT::store_n(mx + t0, VT::load(m_new), rows);
+    VT::store_n(corr + t0, VT::load(c), rows);
+    if (vs) {
+      for (int t = 0; t < rows; ++t) {
+        float* s = srow[t0 + t];
+        for (int j = 0, k = nk(t0 + t); j < k; ++j) s[j] *= vs[j];
+      }
+    }
   }
-  return corr;
 }
 
 // o_r = o_r * corr_r + sum_{j < nk} p_r[j] v_j for R rows that all see keys [0, nk). v_j at vc
@@ -476,6 +500,7 @@ void attention_t(const AttnItem& a, float* scratch) {
   float* sc = sum + nh;                                 // [nh, bsp] one block's scores
   float* kf = sc + static_cast<int64_t>(nh) * bsp;     // [bs, hd] the block's K in f32
   float* vf = kf + static_cast<int64_t>(bs) * hd;      // [bs, hd] and V
+  float* cr = vf + static_cast<int64_t>(bs) * hd;      // [nh] this block's softmax correction
   for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) acc[i] = 0.f;
   for (int i = 0; i < nh; ++i) { mx[i] = -__builtin_inff(); sum[i] = 0.f; }
 
@@ -505,7 +530,6 @@ void attention_t(const AttnItem& a, float* scratch) {
   float* srow[RQ > RP ? RQ : RP];
   float* os[RP];
   const float* ps[RP];
-  float corr[RP];
   for (int b = 0; b < nblocks; ++b) {
     const int64_t base = block_base(b);
     const int start = b * bs;
@@ -547,22 +571,30 @@ void attention_t(const AttnItem& a, float* scratch) {
         qk_rows<RQ, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
     }
     pf.rest();
-    // Softmax and output, in tiles of rows that see the same keys (consecutive rows of one query,
-    // or of several queries past the block's end).
+    // Softmax of every row that sees this block, W rows at a time.
+    auto nk_of = [&](int r) { return imin_(bs, a.first_pos + r / G - start + 1); };
+    {
+      float* rows_s[W];
+      for (int r = r0; r < nh; r += W) {
+        const int n = imin_(W, nh - r);
+        for (int t = 0; t < n; ++t) rows_s[t] = sc + static_cast<int64_t>(r + t) * bsp;
+        softmax_rows(n, rows_s, [&](int t) { return nk_of(r + t); }, mx + r, sum + r, vs, cr + r);
+      }
+    }
+    // Output, in tiles of rows that see the same keys (consecutive rows of one query, or of
+    // several queries past the block's end).
     for (int r = r0; r < nh;) {
-      const int nk = imin_(bs, a.first_pos + r / G - start + 1);
+      const int nk = nk_of(r);
       int rows = 0;
-      while (rows < RP && r + rows < nh && imin_(bs, a.first_pos + (r + rows) / G - start + 1) == nk) {
-        float* s = sc + static_cast<int64_t>(r + rows) * bsp;
-        corr[rows] = softmax_row(s, nk, mx + r + rows, sum + r + rows, vs);
-        ps[rows] = s;
+      while (rows < RP && r + rows < nh && nk_of(r + rows) == nk) {
+        ps[rows] = sc + static_cast<int64_t>(r + rows) * bsp;
         os[rows] = acc + static_cast<int64_t>(r + rows) * hd;
         ++rows;
       }
       if (DT == 0 || convert)
-        pv_rows<RP, 0>(rows, os, ps, corr, vc, kvbase, hd, nk);
+        pv_rows<RP, 0>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
       else
-        pv_rows<RP, DT>(rows, os, ps, corr, vc, kvbase, hd, nk);
+        pv_rows<RP, DT>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
       r += rows;
     }
   }

@@ -649,6 +649,11 @@ int main(int argc, char** argv) {
         bench_linear(*b, m, 49152, 576, wt);
         if (wt == DType::kBF16) bench_linear_amx(*b, m, 49152, 576);
       }
+      // A 512-token prefill through the default model's four layer matrices (qkv, o, gate|up,
+      // down).
+      if (wt == DType::kBF16)
+        for (const auto& [n, k] : {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}})
+          bench_linear_amx(*b, 512, n, k);
     }
   }
   if (want("qlinear")) {

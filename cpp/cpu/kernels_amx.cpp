@@ -38,37 +38,72 @@ bool probe(int bit) {
   return tile_permission();
 }
 
-// C tile B (0..3) += hi x w + lo x w for one k tile; w goes through tile T (6 or 7, alternating
-// so the next load overlaps this product). Tile numbers must be literals for the intrinsics.
-#define FA_STEP(B, T, wt)            \
-  do {                               \
-    _tile_loadd(T, (wt), 64);        \
-    _tile_dpbf16ps(B, 4, T);         \
-    _tile_dpbf16ps(B, 5, T);         \
+// One output tile pair's destination: rows [r, r + rows) x columns [j0, j0 + cols) of y.
+struct Out {
+  float* y;  // y + r * ldy + j0
+  int64_t ldy;
+  const float* bias;  // bias + j0, or null
+  int rows, cols, trows;
+};
+
+// C tiles 2S, 2S+1 (one 16-row x 32-column output) into y: straight from the tiles when they
+// cover exactly the destination and there is no bias, else through c (rows past r1 or columns
+// past n must not be written; the bias is added after the sum, as in the other linears).
+// (The intrinsics take tile numbers as literals, hence the macro per tile pair.)
+#define FA_STORE_PAIR(C0, C1, dst, ld)  \
+  do {                                  \
+    _tile_stored(C0, (dst), (ld));      \
+    _tile_stored(C1, (dst) + 16, (ld)); \
   } while (0)
 
-// One 16-row tile of x against NB (1..4) consecutive column blocks starting at wb.
-template <int NB>
-FA_INLINE void tile_rows(const uint16_t* hi, const uint16_t* lo, int64_t ldx_bytes, const uint8_t* wb,
-                         int64_t kt, float* c, int64_t ldc_bytes) {
-  _tile_zero(0);
-  if constexpr (NB > 1) _tile_zero(1);
-  if constexpr (NB > 2) _tile_zero(2);
-  if constexpr (NB > 3) _tile_zero(3);
-  const int64_t block_bytes = kt * kTileBytes;
-  for (int64_t kb = 0; kb < kt; ++kb) {
-    _tile_loadd(4, hi + kb * 32, ldx_bytes);
-    _tile_loadd(5, lo + kb * 32, ldx_bytes);
-    const uint8_t* w = wb + kb * kTileBytes;
-    FA_STEP(0, 6, w);
-    if constexpr (NB > 1) FA_STEP(1, 7, w + block_bytes);
-    if constexpr (NB > 2) FA_STEP(2, 6, w + 2 * block_bytes);
-    if constexpr (NB > 3) FA_STEP(3, 7, w + 3 * block_bytes);
+template <int S>
+FA_INLINE void store_out(const Out& o, float* c) {
+  const bool direct = !o.bias && o.rows == o.trows && o.cols == 32;
+  float* const dst = direct ? o.y : c;
+  const int64_t ld = direct ? o.ldy * 4 : 32 * 4;
+  if constexpr (S == 0) FA_STORE_PAIR(0, 1, dst, ld);
+  else FA_STORE_PAIR(2, 3, dst, ld);
+  if (direct) return;
+  for (int i = 0; i < o.rows; ++i) {
+    float* yr = o.y + i * o.ldy;
+    const float* cr = c + i * 32;
+    if (o.bias) {
+      for (int j = 0; j < o.cols; ++j) yr[j] = cr[j] + o.bias[j];
+    } else {
+      std::memcpy(yr, cr, static_cast<size_t>(o.cols) * sizeof(float));
+    }
   }
-  _tile_stored(0, c, ldc_bytes);
-  if constexpr (NB > 1) _tile_stored(1, c + 16, ldc_bytes);
-  if constexpr (NB > 2) _tile_stored(2, c + 32, ldc_bytes);
-  if constexpr (NB > 3) _tile_stored(3, c + 48, ldc_bytes);
+}
+
+// C tiles 2S, 2S+1 = one 16-row tile of x (hi/lo in tiles 4/5) against two column blocks (the
+// second may be absent: TWO false), the k tiles in order, hi then lo. The previous sweep's output
+// (the other tile pair) is stored after this sweep's first k tile is issued, so the tile unit is
+// not drained between sweeps (storing right after the last product stalled it, ~25% of the time).
+#define FA_SWEEP(C0, C1, OTHER)                              \
+  do {                                                       \
+    _tile_zero(C0);                                          \
+    if constexpr (TWO) _tile_zero(C1);                       \
+    for (int64_t kb = 0; kb < kt; ++kb) {                    \
+      _tile_loadd(4, hi + kb * 32, ldx_bytes);               \
+      _tile_loadd(5, lo + kb * 32, ldx_bytes);               \
+      _tile_loadd(6, w0 + kb * kTileBytes, 64);              \
+      _tile_dpbf16ps(C0, 4, 6);                              \
+      _tile_dpbf16ps(C0, 5, 6);                              \
+      if constexpr (TWO) {                                   \
+        _tile_loadd(7, w1 + kb * kTileBytes, 64);            \
+        _tile_dpbf16ps(C1, 4, 7);                            \
+        _tile_dpbf16ps(C1, 5, 7);                            \
+      }                                                      \
+      if (kb == 0 && prev) store_out<OTHER>(*prev, c);       \
+    }                                                        \
+    if constexpr (!TWO) _tile_zero(C1);                      \
+  } while (0)
+
+template <int S, bool TWO>
+FA_INLINE void sweep(const uint16_t* hi, const uint16_t* lo, int64_t ldx_bytes, const uint8_t* w0,
+                     const uint8_t* w1, int64_t kt, const Out* prev, float* c) {
+  if constexpr (S == 0) FA_SWEEP(0, 1, 1);
+  else FA_SWEEP(2, 3, 0);
 }
 
 }  // namespace
@@ -136,33 +171,40 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   amx::TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? trows : 16;
   amx::load_config(cfg);
-  alignas(64) float c[16 * 64];
   const uint8_t* w = static_cast<const uint8_t*>(packed);
-  // Column groups of 4 blocks (4 x kt KiB of weights, L2-resident) swept by every row tile.
-  for (int64_t g = b0; g < b1; g += 4) {
-    const int nbk = static_cast<int>(b1 - g < 4 ? b1 - g : 4);
-    const uint8_t* wg = w + g * kt * kTileBytes;
-    for (int64_t r = r0; r < r1; r += 16) {
-      const uint16_t* h = hi + r * kp;
-      const uint16_t* l = lo + r * kp;
-      switch (nbk) {
-        case 4: tile_rows<4>(h, l, kp * 2, wg, kt, c, 64 * 4); break;
-        case 3: tile_rows<3>(h, l, kp * 2, wg, kt, c, 64 * 4); break;
-        case 2: tile_rows<2>(h, l, kp * 2, wg, kt, c, 64 * 4); break;
-        default: tile_rows<1>(h, l, kp * 2, wg, kt, c, 64 * 4); break;
+  // Row tiles outermost: a tile's hi/lo rows (2 x kt KiB) stay in L1 while it sweeps the blocks'
+  // weights, which the caller sizes to stay in L2 (see CpuBackend::linear_packed). Sweeps of two
+  // blocks alternate between tile pairs 0/1 and 2/3.
+  alignas(64) float c[16 * 32];
+  Out pending[2];
+  const Out* prev = nullptr;
+  int set = 0;
+  const int64_t block_bytes = kt * kTileBytes;
+  for (int64_t r = r0; r < r1; r += 16) {
+    const uint16_t* h = hi + r * kp;
+    const uint16_t* l = lo + r * kp;
+    const int rows = static_cast<int>(r1 - r < 16 ? r1 - r : 16);
+    for (int64_t g = b0; g < b1; g += 2) {
+      const bool two = g + 1 < b1;
+      const uint8_t* w0 = w + g * block_bytes;
+      const int64_t j0 = g * 16;
+      Out& o = pending[set];
+      o = Out{y + r * ldy + j0, ldy, bias ? bias + j0 : nullptr, rows,
+              static_cast<int>(n - j0 < (two ? 32 : 16) ? n - j0 : (two ? 32 : 16)), trows};
+      if (set == 0) {
+        if (two) sweep<0, true>(h, l, kp * 2, w0, w0 + block_bytes, kt, prev, c);
+        else sweep<0, false>(h, l, kp * 2, w0, nullptr, kt, prev, c);
+      } else {
+        if (two) sweep<1, true>(h, l, kp * 2, w0, w0 + block_bytes, kt, prev, c);
+        else sweep<1, false>(h, l, kp * 2, w0, nullptr, kt, prev, c);
       }
-      const int rows = static_cast<int>(r1 - r < 16 ? r1 - r : 16);
-      const int64_t j0 = g * 16, cols = (n - j0 < nbk * 16 ? n - j0 : nbk * 16);
-      for (int i = 0; i < rows; ++i) {
-        float* yr = y + (r + i) * ldy + j0;
-        const float* cr = c + i * 64;
-        if (bias) {
-          for (int64_t j = 0; j < cols; ++j) yr[j] = cr[j] + bias[j0 + j];
-        } else {
-          std::memcpy(yr, cr, static_cast<size_t>(cols) * sizeof(float));
-        }
-      }
+      prev = &o;
+      set ^= 1;
     }
+  }
+  if (prev) {
+    if (set == 1) store_out<0>(*prev, c);
+    else store_out<1>(*prev, c);
   }
   _tile_release();
 }

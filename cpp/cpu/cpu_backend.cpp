@@ -182,14 +182,14 @@ class CpuBackend final : public Backend {
     }
     // Column chunks of at most kAmxChunkBytes of weights, as many as a multiple of the pool's size:
     // a chunk stays in L2 while every row tile of its task sweeps it. Rows are split only when
-    // there are fewer chunks than two per thread. (Tasks of 64 rows x all columns re-read every
-    // weight once per 64 rows; m = 16..256 calls are 1.2-1.5x faster this way.)
+    // there are fewer chunks than threads. (Tasks of 64 rows x all columns re-read every weight
+    // once per 64 rows; m = 16..256 calls are 1.2-1.5x faster this way.)
     const int64_t blocks = ceil_div(n, 16), block_bytes = kp / 32 * 1024;
     int64_t chunks = one ? 1 : ceil_div(blocks, std::max<int64_t>(1, kAmxChunkBytes / block_bytes));
     if (!one) chunks = std::min(blocks, ceil_div(chunks, T) * T);
     const int64_t chunk = ceil_div(blocks, chunks);
     chunks = ceil_div(blocks, chunk);
-    const int64_t row_blocks = one ? 1 : std::min(ceil_div(m, 16), std::max<int64_t>(1, ceil_div(2 * T, chunks)));
+    const int64_t row_blocks = one ? 1 : std::min(ceil_div(m, 16), std::max<int64_t>(1, ceil_div(T, chunks)));
     const int64_t row_block = ceil_div(ceil_div(m, row_blocks), 16) * 16;
     pool_.parallel_for(ceil_div(m, row_block) * chunks, [&](int64_t t, int) {
       const int64_t rb = t / chunks, cb = t % chunks;

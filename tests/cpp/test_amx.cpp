@@ -53,8 +53,10 @@ std::vector<uint8_t> pack(Backend& be, const Problem& p) {
 TEST(Amx, LinearMatchesReferenceOnOddShapes) {
   auto be = amx_backend(2);
   SKIP_WITHOUT_AMX(be);
+  // k = 1000 and 1536 take the k-chunked sweeps (partial sums parked between chunks); n = 16 is a
+  // one-sweep group there.
   for (int64_t m : {1, 3, 17, 64, 200})
-    for (int64_t k : {64, 576, 100})
+    for (int64_t k : {64, 576, 100, 1000, 1536})
       for (int64_t n : {16, 17, 1536}) {
         Problem p(m, n, k, static_cast<uint32_t>(m * 7919 + n * 31 + k));
         const auto packed = pack(*be, p);
@@ -89,7 +91,7 @@ TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
   SKIP_WITHOUT_AMX(be2);
   // Without a bias, full tiles are stored straight into y and partial ones (past m, past n) go
   // through a buffer: a row's bits must not depend on which.
-  for (int64_t k : {576, 100})
+  for (int64_t k : {576, 100, 1536})
     for (bool with_bias : {true, false}) {
       const int64_t n = 1536 + 17, big = 200;
       Problem p(big, n, k, 99 + static_cast<uint32_t>(k));

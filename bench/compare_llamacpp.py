@@ -40,7 +40,10 @@ Single-stream figures are medians of --repeats.
 Roofline (with --probe, default: build/wheel/bench/bench_kernels when it exists): the machine's
 peaks are measured by bench_kernels --only probe right before the systems run, on --threads
 threads: read bandwidth (512 MB array, mostly DRAM), f32 FMA, vdpbf16ps, AMX tdpbf16ps,
-vpdpbusd and AMX tdpbusd (int8 tiles, which fantai's quantized prefill uses where it has them). Per row: decode GB/s = the model file's tensor bytes (all read once per decoded token;
+vpdpbusd and AMX tdpbusd (int8 tiles, which fantai's quantized prefill uses where it has them);
+and, where torch is installed, what its GEMM library (oneDNN, AMX where present) reaches on
+4096^3 bf16 matmul and int8 _int_mm: a measured peak for real GEMMs, which the instruction peaks
+(operands kept in registers) are not. Per row: decode GB/s = the model file's tensor bytes (all read once per decoded token;
 the tied embedding is the lm_head) x decode tok/s, as a fraction of the read bandwidth; pp512
 GFLOP/s = 2 x the matmul weights' elements other than the embedding (attention's own FLOPs left
 out, so the figure is a lower bound) x pp512 tok/s, as a fraction of each compute peak.
@@ -354,6 +357,44 @@ PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f
           "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)", "amx_int8_gops": "probe peak AMX tdpbusd u8*s8"}
 
 
+GEMM_PROBE = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[1]))
+n = 4096
+
+def best(f, reps=3):
+    f()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+out = {"onednn_bf16_gflops": 2 * n ** 3 / best(lambda: a @ b) * 1e-9}
+try:
+    ai = torch.randint(-128, 128, (n, n), dtype=torch.int8)
+    bi = torch.randint(-128, 128, (n, n), dtype=torch.int8)
+    out["onednn_int8_gops"] = 2 * n ** 3 / best(lambda: torch._int_mm(ai, bi)) * 1e-9
+except (RuntimeError, AttributeError):
+    pass
+print(json.dumps(out))
+"""
+
+
+def run_gemm_probe(python: str, threads: int) -> dict[str, float]:
+    """What the vendor's GEMM library reaches here: torch's bf16 matmul and int8 _int_mm (oneDNN,
+    AMX where the CPU has it) on 4096^3, best of 3. A measured peak for real GEMMs, beside the
+    instruction peaks (operands in registers) that no library reaches; empty without torch."""
+    res = subprocess.run([python, "-c", GEMM_PROBE, str(threads)], capture_output=True, text=True)
+    if res.returncode != 0:
+        log(f"no vendor GEMM probe: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
+        return {}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def run_probe(binary: str, threads: int) -> dict[str, float]:
     """The machine's peaks from bench_kernels --only probe (first figure on each matching line)."""
     out = subprocess.run([binary, "--only", "probe", "--threads", str(threads)], capture_output=True, text=True,
@@ -384,7 +425,8 @@ def model_costs(path: str) -> dict[str, float]:
 def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, dict[str, float]],
              peaks: dict[str, float]) -> str:
     names = [("f32 FMA", "fma_gflops"), ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
-             ("vpdpbusd", "vnni_gops"), ("AMX int8", "amx_int8_gops")]
+             ("oneDNN bf16 GEMM", "onednn_bf16_gflops"), ("vpdpbusd", "vnni_gops"), ("AMX int8", "amx_int8_gops"),
+             ("oneDNN int8 GEMM", "onednn_int8_gops")]
     names = [(n, k) for n, k in names if k in peaks]
     bw = peaks.get("read_gbs")
     lines = ["| model file | system | decode GB/s | % of read BW " + (f"({bw:.1f} GB/s)" if bw else "") + " | pp512 GFLOP/s | "
@@ -535,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     peaks: dict[str, float] = {}
     if args.probe and os.access(args.probe, os.X_OK):
         peaks = run_probe(args.probe, args.threads)
+        peaks.update(run_gemm_probe(sys.executable, args.threads))
         log("peaks: " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
     else:
         log(f"no roofline: {args.probe!r} is not an executable (build with FANTAI_BUILD_TESTS=ON)")

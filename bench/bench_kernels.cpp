@@ -534,6 +534,39 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
                             100.0 * 2 * flops / us * 1e-3 / peak, peak);
 }
 
+// Decode's weight stream on AMX: one row through a model's worth of packed bf16 matrices (30
+// layers of the default model's qkv, o, gate|up, down, and the 49,152 x 576 lm_head: 269 MB, so
+// every call reads them from DRAM as a decode step does). No attention, norms or sampling.
+void bench_amx_decode(Backend& b, int64_t m) {
+  if (b.dense_packed_bytes(DType::kBF16, 576, 576) == 0) return;
+  struct Mat { int64_t n, k; size_t off; };
+  std::vector<Mat> mats;
+  size_t total = 0;
+  auto add = [&](int64_t n, int64_t k) {
+    mats.push_back({n, k, total});
+    total += (b.dense_packed_bytes(DType::kBF16, n, k) + 63) / 64 * 64;
+  };
+  for (int l = 0; l < 30; ++l) add(960, 576), add(576, 576), add(3072, 576), add(576, 1536);
+  add(49152, 576);
+  std::vector<uint8_t> store(total + 64);
+  uint8_t* base = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64;
+  std::vector<uint16_t> w;
+  for (const Mat& mt : mats) {
+    auto f = randn(mt.n * mt.k, static_cast<uint32_t>(mt.off % 9973));
+    w.resize(f.size());
+    convert_from_f32(f.data(), w.data(), DType::kBF16, f.size());
+    b.pack_dense(w.data(), DType::kBF16, mt.n, mt.k, base + mt.off);
+  }
+  auto x = randn(m * 1536, 3);
+  std::vector<float> y(m * 49152);
+  const double us = time_us([&] {
+    for (const Mat& mt : mats) b.linear_packed(x.data(), base + mt.off, DType::kBF16, nullptr, y.data(), m, mt.n, mt.k);
+  });
+  char name[96];
+  std::snprintf(name, sizeof(name), "amx decode weights m=%-3lld (%zu MB, DRAM)", static_cast<long long>(m), total >> 20);
+  report(name, us, 2.0 * m * static_cast<double>(total / 2), static_cast<double>(total));
+}
+
 void probes(int T) {
   if (cpu::detected_isa() < cpu::Isa::kAvx512) { std::printf("probe: needs AVX-512\n"); return; }
   volatile float sink = 0;
@@ -591,6 +624,7 @@ double dram_bandwidth_gbs(int T) {
 #else
 void probes(int) { std::printf("probe: x86-64 GCC only\n"); }
 void bench_linear_amx(Backend&, int64_t, int64_t, int64_t) {}
+void bench_amx_decode(Backend&, int64_t) {}
 double dram_bandwidth_gbs(int) { return 0; }
 #endif
 
@@ -609,7 +643,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-                           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep] [--cpu-time]\n", argv[0]);
+                           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time]\n", argv[0]);
       return 2;
     }
   }
@@ -677,6 +711,9 @@ int main(int argc, char** argv) {
   }
   if (only == "attention-decode") {  // one figure, for profiling
     for (int i = 0; i < 20; ++i) bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
+  }
+  if (only == "amx-decode") {
+    for (int64_t m : {1, 4}) bench_amx_decode(*b, m);
   }
   if (only == "attention-prefill") {
     for (int i = 0; i < 5; ++i) bench_attention(*b, "prefill", 1, 512, 512, DType::kF32);

@@ -75,9 +75,9 @@ FA_INLINE void store_out(const Out& o, float* c) {
   }
 }
 
-// Weights load with the streaming hint (tileloaddt1): each weight tile is used once per row tile,
-// and without the hint they pushed the row tile's hi/lo rows out of L1 (pp512 +6%; with 2
-// threads the kernel alone went from ~15 to ~10 ns per tile product).
+// Weights load with the streaming hint (tileloaddt1) where stream is set: each weight tile is used
+// once per row tile, and without the hint they pushed the row tile's hi/lo rows out of L1 (pp512
+// +6%; with 2 threads the kernel alone went from ~15 to ~10 ns per tile product).
 // C tiles 2S, 2S+1 = one 16-row tile of x (hi/lo in tiles 4/5) against two column blocks (the
 // second may be absent: TWO false), the k tiles in order, hi then lo. The previous sweep's output
 // (the other tile pair) is stored after this sweep's first k tile is issued, so the tile unit is
@@ -94,11 +94,13 @@ FA_INLINE void store_out(const Out& o, float* c) {
     for (int64_t kb = k0; kb < k1; ++kb) {                   \
       _tile_loadd(4, hi + kb * 32, ldx_bytes);               \
       _tile_loadd(5, lo + kb * 32, ldx_bytes);               \
-      _tile_stream_loadd(6, w0 + kb * kTileBytes, 64);       \
+      if (stream) _tile_stream_loadd(6, w0 + kb * kTileBytes, 64); \
+      else _tile_loadd(6, w0 + kb * kTileBytes, 64);              \
       _tile_dpbf16ps(C0, 4, 6);                              \
       _tile_dpbf16ps(C0, 5, 6);                              \
       if constexpr (TWO) {                                   \
-        _tile_stream_loadd(7, w1 + kb * kTileBytes, 64);     \
+        if (stream) _tile_stream_loadd(7, w1 + kb * kTileBytes, 64); \
+        else _tile_loadd(7, w1 + kb * kTileBytes, 64);              \
         _tile_dpbf16ps(C1, 4, 7);                            \
         _tile_dpbf16ps(C1, 5, 7);                            \
       }                                                      \
@@ -111,7 +113,8 @@ FA_INLINE void store_out(const Out& o, float* c) {
 // floats, as a previous k chunk stored them).
 template <int S, bool TWO>
 FA_INLINE void sweep(const uint16_t* hi, const uint16_t* lo, int64_t ldx_bytes, const uint8_t* w0,
-                     const uint8_t* w1, int64_t k0, int64_t k1, const float* init, const Out* prev, float* c) {
+                     const uint8_t* w1, int64_t k0, int64_t k1, const float* init, const Out* prev, float* c,
+                     bool stream) {
   if constexpr (S == 0) FA_SWEEP(0, 1, 1);
   else FA_SWEEP(2, 3, 0);
 }
@@ -190,6 +193,10 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   // the k tiles still in order, so the bits do not change (the 2-block sweeps re-read 96 KiB
   // rows from L2 at k = 1536 otherwise and ran ~25% slower than 4-block ones).
   constexpr int kGroup = 8;
+  // Streaming hint only where a weight tile is swept by several row tiles: for decode-sized calls
+  // each tile is used once, and the hint cost ~5% of the weight stream from DRAM
+  // (bench_kernels --only amx-decode).
+  const bool stream = m > 16;
   const int64_t nkc = kt <= 20 ? 1 : (kt + 15) / 16, kc = (kt + nkc - 1) / nkc;
   alignas(64) float c[16 * 32];
   alignas(64) float part[kGroup][16 * 32];
@@ -226,11 +233,11 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
             o = Out{pt, 32, nullptr, trows, 32, trows};
           }
           if (set == 0) {
-            if (two) sweep<0, true>(h, l, kp * 2, w0, w0 + block_bytes, k0, k1, init, prev, c);
-            else sweep<0, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c);
+            if (two) sweep<0, true>(h, l, kp * 2, w0, w0 + block_bytes, k0, k1, init, prev, c, stream);
+            else sweep<0, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream);
           } else {
-            if (two) sweep<1, true>(h, l, kp * 2, w0, w0 + block_bytes, k0, k1, init, prev, c);
-            else sweep<1, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c);
+            if (two) sweep<1, true>(h, l, kp * 2, w0, w0 + block_bytes, k0, k1, init, prev, c, stream);
+            else sweep<1, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream);
           }
           prev = &o;
           set ^= 1;

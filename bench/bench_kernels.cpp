@@ -717,13 +717,16 @@ int main(int argc, char** argv) {
   }
   if (only == "attention-prefill") {
     for (int i = 0; i < 5; ++i) bench_attention(*b, "prefill", 1, 512, 512, DType::kF32);
+    for (int i = 0; i < 5; ++i) bench_attention(*b, "prefill", 1, 512, 512, DType::kBF16);
   }
   if (want("attention")) {
     bench_attention(*b, "decode ", 16, 1, 512, DType::kF32);
     bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
     bench_attention(*b, "decode ", 16, 1, 512, DType::kI8);
     bench_attention(*b, "prefill", 1, 512, 512, DType::kF32);
+    bench_attention(*b, "prefill", 1, 512, 512, DType::kBF16);
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kF32);
+    bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kBF16);
   }
   if (want("step")) {
     for (DType wt : {DType::kBF16, DType::kF32}) {

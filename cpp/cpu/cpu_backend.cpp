@@ -480,11 +480,15 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
       }
   }
   if (items.empty()) return;
-  const int64_t need = attn_scratch_floats(kQTile, group, hd, L.block_size);
+  // bf16 KV with AMX: tile kernel for every item of the call (and of every call: the choice
+  // depends only on the layout).
+  const bool amx_attn = amx_ && L.dtype == DType::kBF16 && amx_attention_supported(hd, L.block_size);
+  const int64_t need =
+      amx_attn ? amx_attn_scratch_floats(hd) : attn_scratch_floats(kQTile, group, hd, L.block_size);
   // Per-thread scratch, per call (a few KiB per thread), so concurrent calls share nothing.
   const int64_t per = (need + 16 + 15) / 16 * 16;
   std::vector<float> scratch(static_cast<size_t>(per * pool_.size() + 16));
-  const auto fn = k_.attention;
+  const auto fn = amx_attn ? amx_attention_bf16 : k_.attention;
   // Causal work grows with a tile's position: hand out the last tiles first (longest first), so
   // the pool does not end on one thread finishing a long tile while the others wait.
   const int64_t n_items = static_cast<int64_t>(items.size());

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/kernels.h"
+
 namespace fantai::cpu {
 
 // CPUID AMX-TILE + AMX-BF16 + AVX512-BF16, and Linux granted this process the tile state
@@ -34,5 +36,13 @@ void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r
 void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed,
                      int64_t n, const float* bias, float* y, int64_t ldy, int64_t r0, int64_t r1, int64_t b0,
                      int64_t b1);
+
+// Attention over a bf16 KV cache on AMX tiles (attention_amx.cpp): the AttnItem contract of
+// KernelTable::attention, at f32 precision (Q and the softmax weights enter as three bf16 parts).
+// Needs head_dim % 32 == 0 and block_size % 16 == 0; the backend then runs every item of such a
+// layout here, decode included, so no row switches kernels (batch invariance).
+bool amx_attention_supported(int head_dim, int block_size);
+int64_t amx_attn_scratch_floats(int head_dim);  // per item, 64-byte aligned by the caller
+void amx_attention_bf16(const AttnItem& a, float* scratch);
 
 }  // namespace fantai::cpu

@@ -372,7 +372,10 @@ std::vector<AttnCase> attn_cases() {
           {32, 3, 1, 8, DType::kBF16}, {64, 4, 1, 16, DType::kF16}, {40, 1, 1, 8, DType::kF32},
           {64, 3, 3, 16, DType::kI8},  {80, 4, 2, 8, DType::kI8},   {96, 1, 2, 16, DType::kI8},
           {64, 4, 1, 8, DType::kI8},   {40, 3, 1, 16, DType::kI8},  {128, 5, 1, 16, DType::kBF16},
-          {17, 5, 2, 5, DType::kF16},  {24, 2, 3, 6, DType::kI8},   {128, 2, 2, 16, DType::kF32}};
+          {17, 5, 2, 5, DType::kF16},  {24, 2, 3, 6, DType::kI8},   {128, 2, 2, 16, DType::kF32},
+          // bf16 layouts the AMX tile kernel takes (head_dim % 32, block_size % 16), where it runs.
+          {64, 3, 3, 16, DType::kBF16}, {64, 1, 2, 32, DType::kBF16}, {96, 4, 1, 16, DType::kBF16},
+          {32, 8, 1, 16, DType::kBF16}};
 }
 
 // int8 attention against the f32 reference on the unquantized K/V: within a bound derived from

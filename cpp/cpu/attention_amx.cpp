@@ -126,11 +126,10 @@ struct Scratch {
   }
 };
 
-// Q^T parts of rows [r0, r0 + rows) (zero rows past them) into qb: row r's query is q_of(r).
-template <class QOf>
-FA_INLINE void pack_queries(const Scratch& S, int hd, int r0, int rows, QOf q_of) {
+// Q^T parts of the tile's rows q[0, rows) (zero rows past them) into qb.
+FA_INLINE void pack_queries(const Scratch& S, int hd, int rows, const float* const* q) {
   for (int n = 0; n < kRows; ++n) {
-    const float* src = n < rows ? q_of(r0 + n) : nullptr;
+    const float* src = n < rows ? q[n] : nullptr;
     for (int e = 0; e < hd; e += 16) {
       __m512 x = src ? _mm512_loadu_ps(src + e) : _mm512_setzero_ps();
       for (int sp = 0; sp < kSplits; ++sp) {
@@ -202,7 +201,6 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
   const uint16_t* kc = static_cast<const uint16_t*>(a.k_cache);
   const uint16_t* vc = static_cast<const uint16_t*>(a.v_cache);
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
-  auto q_of = [&](int r) { return a.q + (r / G) * a.q_stride + static_cast<int64_t>(a.kv_head * G + r % G) * hd; };
   auto chunk_offset = [&](int start) {  // element offset of the chunk of keys from position start
     return (static_cast<int64_t>(a.block_table[start / bs]) * a.num_kv_heads + a.kv_head) * head_elems +
            static_cast<int64_t>(start % bs) * hd;
@@ -212,13 +210,21 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
   configure();
   for (int r0 = 0; r0 < nh; r0 += kRows) {
     const int rows = nh - r0 < kRows ? nh - r0 : kRows;
-    const int last = a.first_pos + (r0 + rows - 1) / G;  // the tile's last position
-    // Lane n's position; padding lanes (zero queries) see what the last row sees.
+    // Row r = query r / G, head r % G (counted up, not divided: an idiv per row was ~5%).
     alignas(64) int32_t pos[16];
-    for (int n = 0; n < 16; ++n) pos[n] = n < rows ? a.first_pos + (r0 + n) / G : last;
+    const float* qrow[16];
+    float* orow[16];
+    for (int n = 0, i = r0 / G, h = r0 % G; n < rows; ++n) {
+      pos[n] = a.first_pos + i;
+      qrow[n] = a.q + i * a.q_stride + static_cast<int64_t>(a.kv_head * G + h) * hd;
+      orow[n] = a.out + i * a.out_stride + static_cast<int64_t>(a.kv_head * G + h) * hd;
+      if (++h == G) h = 0, ++i;
+    }
+    const int last = pos[rows - 1];  // the tile's last position
+    for (int n = rows; n < 16; ++n) pos[n] = last;  // padding lanes (zero queries) see what it sees
     const __m512i posv = _mm512_load_si512(pos);
     const bool rows_path = rows <= kRowsPathMax;
-    pack_queries(S, hd, r0, rows, q_of);
+    pack_queries(S, hd, rows, qrow);
     for (int i = 0; i < 16 * hd; i += 16) _mm512_store_ps(S.o + i, _mm512_setzero_ps());
     __m512 mx = ninf, l = _mm512_setzero_ps();
     // S^T of the chunk at key position start into tile 0 (stored by the caller).
@@ -332,11 +338,9 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
     alignas(64) float lsum[16];
     _mm512_store_ps(lsum, l);
     for (int n = 0; n < rows; ++n) {
-      const int r = r0 + n;
-      const float inv = 1.0f / lsum[n];
+      const __m512 inv = _mm512_set1_ps(1.0f / lsum[n]);
       const float* o = S.o + static_cast<int64_t>(n) * hd;
-      float* dst = a.out + (r / G) * a.out_stride + static_cast<int64_t>(a.kv_head * G + r % G) * hd;
-      for (int d = 0; d < hd; ++d) dst[d] = o[d] * inv;
+      for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(orow[n] + d, _mm512_mul_ps(_mm512_load_ps(o + d), inv));
     }
   }
   _tile_release();

@@ -694,6 +694,9 @@ int main(int argc, char** argv) {
           bench_linear_amx(*b, 512, n, k);
     }
   }
+  if (only == "linear-prefill") {  // one figure, for profiling: the prefill's gate|up
+    for (int i = 0; i < 10; ++i) bench_linear_amx(*b, 512, 3072, 576);
+  }
   if (want("qlinear")) {
     for (const QFormat& f : kQFormats) {
       for (int64_t m : {1, 16, 64, 256}) bench_linear_q(*b, f, m, 1536, 576);

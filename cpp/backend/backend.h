@@ -208,6 +208,12 @@ class Backend {
   virtual void pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst);
   virtual void linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y,
                              int64_t m, int64_t n, int64_t k);
+  // The MLP on packed matrices in one call: out = (silu(x . gate^T) * (x . up^T)) . down^T, with
+  // gate_up [2 * inter, hidden] (gate rows first) and down [hidden, inter] packed by pack_dense;
+  // bit for bit linear_packed + silu_mul + linear_packed. false (the default): no fused path for
+  // these shapes, and the caller runs those three.
+  virtual bool mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out,
+                          int64_t m, int64_t inter, int64_t hidden);
 
   Communicator& communicator() { return *comm_; }
   void set_communicator(std::shared_ptr<Communicator> comm) { comm_ = std::move(comm); }

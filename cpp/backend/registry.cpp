@@ -64,6 +64,9 @@ void Backend::pack_dense(const void*, DType, int64_t, int64_t, void*) {
 void Backend::linear_packed(const float*, const void*, DType, const float*, float*, int64_t, int64_t, int64_t) {
   FANTAI_THROW("packed dense weights are not supported on the " << name() << " backend");
 }
+bool Backend::mlp_packed(const float*, const void*, const void*, DType, float*, int64_t, int64_t, int64_t) {
+  return false;
+}
 void Backend::embedding_q(const int32_t*, int64_t, const QuantMatrix&, float*) {
   FANTAI_THROW("quantized embedding is not supported on the " << name() << " backend");
 }

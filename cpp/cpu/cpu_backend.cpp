@@ -159,35 +159,67 @@ class CpuBackend final : public Backend {
     FANTAI_REQUIRE(m >= 0 && n > 0 && k > 0, "linear_packed: bad shape m=" << m << " n=" << n << " k=" << k);
     FANTAI_REQUIRE(amx_ && dt == DType::kBF16, "linear_packed: matrix was not packed by this cpu backend");
     if (m == 0) return;
+    uint16_t *hi, *lo;
+    split_packed(x, m, n, k, &hi, &lo);
+    run_packed(hi, lo, m, k, packed, n, bias, y, nullptr);
+  }
+
+  // gate|up with silu(gate) * up fused into its tiles' epilogue, written straight as the down
+  // projection's bf16 halves: the f32 gate|up rows (m x 2 inter), the silu_mul pass and the split
+  // of its output never touch memory. Same bits as linear_packed + silu_mul + linear_packed.
+  bool mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out, int64_t m,
+                  int64_t inter, int64_t hidden) override {
+    if (!amx_ || dt != DType::kBF16 || m <= 0 || inter <= 0 || hidden <= 0 || inter % 32 != 0) return false;
+    uint16_t *hi, *lo;
+    split_packed(x, m, 2 * inter, hidden, &hi, &lo);
+    const size_t need = static_cast<size_t>(amx_m_pad(m) * inter) + 32;
+    if (amx_act_hi_.size() < need) amx_act_hi_.resize(need), amx_act_lo_.resize(need);
+    const AmxActOut act{aligned64(amx_act_hi_), aligned64(amx_act_lo_), inter};
+    run_packed(hi, lo, m, hidden, gate_up, 2 * inter, nullptr, nullptr, &act);
+    run_packed(act.hi, act.lo, m, inter, down, hidden, nullptr, out, nullptr);
+    return true;
+  }
+
+  // 64-byte aligned start of a grow-only buffer (sized with 32 elements of slack): a tile row that
+  // straddles two cache lines made the tile loads ~35% slower.
+  static uint16_t* aligned64(std::vector<uint16_t>& v) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(v.data());
+    return v.data() + ((64 - a % 64) % 64) / 2;
+  }
+
+  // x [m, k] into bf16 halves, [amx_m_pad(m), amx_k_pad(k)] with zero padding (every element the
+  // tiles read). n only sizes the call (tiny calls run as one task).
+  void split_packed(const float* x, int64_t m, int64_t n, int64_t k, uint16_t** hi_out, uint16_t** lo_out) {
     const int64_t kp = amx_k_pad(k), mp = amx_m_pad(m);
     // Grow-only scratch: a fresh zeroed vector per call cost a memset of both halves per linear.
-    // amx_split_rows writes every element the tiles read (padding included). 64-byte aligned: a
-    // tile row that straddles two cache lines made the tile loads ~35% slower.
     const size_t need = static_cast<size_t>(mp * kp) + 32;
     if (amx_hi_.size() < need) amx_hi_.resize(need), amx_lo_.resize(need);
-    auto aligned = [](std::vector<uint16_t>& v) {
-      const uintptr_t a = reinterpret_cast<uintptr_t>(v.data());
-      return v.data() + ((64 - a % 64) % 64) / 2;
-    };
-    uint16_t* const hi = aligned(amx_hi_);
-    uint16_t* const lo = aligned(amx_lo_);
+    uint16_t* const hi = aligned64(amx_hi_);
+    uint16_t* const lo = aligned64(amx_lo_);
+    const bool whole = m * n * k < kParallelMinWork || pool_.size() == 1;
+    const int64_t split_block = 64, split_blocks = whole ? 1 : ceil_div(m, split_block);
+    pool_.parallel_for(split_blocks, [&](int64_t t, int) {
+      const int64_t r0 = whole ? 0 : t * split_block, r1 = whole ? m : std::min(m, r0 + split_block);
+      amx_split_rows(x, k, r0, r1, std::min(mp, amx_m_pad(r1)), hi, lo);
+    });
+    *hi_out = hi;
+    *lo_out = lo;
+  }
+
+  // amx_linear_bf16 over the pool (act: the fused gate|up, whose units are gate blocks paired with
+  // their up blocks).
+  void run_packed(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed, int64_t n,
+                  const float* bias, float* y, const AmxActOut* act) {
     const int T = pool_.size();
     // One task for tiny calls. One thread still takes column chunks: they are for the cache, not
     // the pool (a single task sweeping all of gate|up's 3.5 MB per row tile from L3 ran 4.7x slower).
     const bool one = m * n * k < kParallelMinWork;
-    {
-      const bool whole = one || T == 1;
-      const int64_t split_block = 64, split_blocks = whole ? 1 : ceil_div(m, split_block);
-      pool_.parallel_for(split_blocks, [&](int64_t t, int) {
-        const int64_t r0 = whole ? 0 : t * split_block, r1 = whole ? m : std::min(m, r0 + split_block);
-        amx_split_rows(x, k, r0, r1, std::min(mp, amx_m_pad(r1)), hi, lo);
-      });
-    }
     // Column chunks of at most kAmxChunkBytes of weights, as many as a multiple of the pool's size:
     // a chunk stays in L2 while every row tile of its task sweeps it. Rows are split only when
     // there are fewer chunks than threads. (Tasks of 64 rows x all columns re-read every weight
     // once per 64 rows; m = 16..256 calls are 1.2-1.5x faster this way.)
-    const int64_t blocks = ceil_div(n, 16), block_bytes = kp / 32 * 1024;
+    const int64_t kp = amx_k_pad(k);
+    const int64_t blocks = act ? n / 32 : ceil_div(n, 16), block_bytes = kp / 32 * 1024 * (act ? 2 : 1);
     int64_t chunks = one ? 1 : ceil_div(blocks, std::max<int64_t>(1, kAmxChunkBytes / block_bytes));
     if (!one) chunks = std::min(blocks, ceil_div(chunks, T) * T);
     const int64_t chunk = ceil_div(blocks, chunks);
@@ -197,7 +229,7 @@ class CpuBackend final : public Backend {
     pool_.parallel_for(ceil_div(m, row_block) * chunks, [&](int64_t t, int) {
       const int64_t rb = t / chunks, cb = t % chunks;
       amx_linear_bf16(hi, lo, m, k, packed, n, bias, y, n, rb * row_block, (rb + 1) * row_block,
-                      cb * chunk, (cb + 1) * chunk);
+                      cb * chunk, (cb + 1) * chunk, act);
     });
   }
 
@@ -425,6 +457,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::vector<float> perm_scratch_;  // linear_q act-order gather; the step thread is the only caller
   std::vector<uint16_t> amx_hi_, amx_lo_;  // linear_packed's bf16 halves of x; likewise
+  std::vector<uint16_t> amx_act_hi_, amx_act_lo_;  // mlp_packed's activation halves; likewise
   std::vector<int8_t> xq_q_;                // linear_panel's int8 activations; likewise
   std::vector<float> xq_d_;
   std::vector<int32_t> xq_s_;

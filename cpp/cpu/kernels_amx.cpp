@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "cpu/amx_tiles.h"
+#include "cpu/vt_avx512.h"
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -38,13 +39,34 @@ bool probe(int bit) {
   return tile_permission();
 }
 
-// One output tile pair's destination: rows [r, r + rows) x columns [j0, j0 + cols) of y.
+// One output tile pair's destination: rows [r, r + rows) x columns [j0, j0 + cols) of y. With
+// act_hi set, the pair is (gate, up) of 16 columns instead, and what is stored is the MLP's
+// activation silu(gate) * up, split into bf16 halves at act_hi / act_lo (row stride ldy) for the
+// down projection's tiles.
 struct Out {
   float* y;  // y + r * ldy + j0
   int64_t ldy;
   const float* bias;  // bias + j0, or null
   int rows, cols, trows;
+  uint16_t* act_hi = nullptr;  // act_hi + r * ldy + j0
+  uint16_t* act_lo = nullptr;
 };
+
+// silu(g) * u exactly as the AVX-512 kernel table's silu_mul computes it, then the halves exactly
+// as amx_split_rows makes them: the fused path gives the unfused path's bits.
+FA_INLINE __m512 silu_mul16(__m512 g, __m512 u) {
+  using VT = vt_avx512::VT;
+  const __m512 one = VT::set1(1.0f);
+  return VT::mul(VT::div(g, VT::add(one, VT::exp(VT::sub(VT::zero(), g)))), u);
+}
+
+FA_INLINE void split16(__m512 v, uint16_t* hi, uint16_t* lo) {
+  const __m256bh h = _mm512_cvtneps_pbh(v);
+  const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
+  const __m256bh l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, hf));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), (__m256i)h);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), (__m256i)l);
+}
 
 // C tiles 2S, 2S+1 (one 16-row x 32-column output) into y: straight from the tiles when they
 // cover exactly the destination and there is no bias, else through c (rows past r1 or columns
@@ -56,8 +78,33 @@ struct Out {
     _tile_stored(C1, (dst) + 16, (ld)); \
   } while (0)
 
+// The fused activation of a (gate, up) pair parked in c, a row at a time: spread over the next
+// sweep's k tiles, the exps and divisions run between tile products instead of stalling the tile
+// unit all at once (done in one go, the epilogue ate most of what the fusion saved).
+struct Epilogue {
+  Out o{};
+  int next = 0;
+  FA_INLINE void step(const float* c) {
+    if (next >= o.rows) return;
+    const int i = next++;
+    split16(silu_mul16(_mm512_load_ps(c + i * 32), _mm512_load_ps(c + i * 32 + 16)), o.act_hi + i * o.ldy,
+            o.act_lo + i * o.ldy);
+  }
+  FA_INLINE void finish(const float* c) {
+    while (next < o.rows) step(c);
+  }
+};
+
 template <int S>
-FA_INLINE void store_out(const Out& o, float* c) {
+FA_INLINE void store_out(const Out& o, float* c, Epilogue* epi) {
+  if (epi) epi->finish(c);  // c is about to be overwritten
+  if (o.act_hi) {
+    if constexpr (S == 0) FA_STORE_PAIR(0, 1, c, 32 * 4);
+    else FA_STORE_PAIR(2, 3, c, 32 * 4);
+    epi->o = o;
+    epi->next = 0;
+    return;
+  }
   const bool direct = !o.bias && o.rows == o.trows && o.cols == 32;
   float* const dst = direct ? o.y : c;
   const int64_t ld = direct ? o.ldy * 4 : 32 * 4;
@@ -104,7 +151,8 @@ FA_INLINE void store_out(const Out& o, float* c) {
         _tile_dpbf16ps(C1, 4, 7);                            \
         _tile_dpbf16ps(C1, 5, 7);                            \
       }                                                      \
-      if (kb == k0 && prev) store_out<OTHER>(*prev, c);      \
+      if (kb == k0 && prev) store_out<OTHER>(*prev, c, epi); \
+      else if (epi) epi->step(c);                            \
     }                                                        \
     if constexpr (!TWO) _tile_zero(C1);                      \
   } while (0)
@@ -114,7 +162,7 @@ FA_INLINE void store_out(const Out& o, float* c) {
 template <int S, bool TWO>
 FA_INLINE void sweep(const uint16_t* hi, const uint16_t* lo, int64_t ldx_bytes, const uint8_t* w0,
                      const uint8_t* w1, int64_t k0, int64_t k1, const float* init, const Out* prev, float* c,
-                     bool stream) {
+                     bool stream, Epilogue* epi) {
   if constexpr (S == 0) FA_SWEEP(0, 1, 1);
   else FA_SWEEP(2, 3, 0);
 }
@@ -174,10 +222,12 @@ void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r
 
 void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed,
                      int64_t n, const float* bias, float* y, int64_t ldy, int64_t r0, int64_t r1, int64_t b0,
-                     int64_t b1) {
+                     int64_t b1, const AmxActOut* act) {
   const int64_t kp = amx_k_pad(k), kt = kp / 32, nb = (n + 15) / 16;
+  // Fused MLP: blocks [b0, b1) are gate blocks, each swept beside its up block (half further on).
+  const int64_t half = act ? nb / 2 : 0, step = act ? 1 : 2;
   if (r1 > m) r1 = m;
-  if (b1 > nb) b1 = nb;
+  if (b1 > (act ? half : nb)) b1 = act ? half : nb;
   // A call of fewer than 16 rows runs tiles of just those rows: a tile product costs per row, and
   // a row's arithmetic is the same in a short tile as in a full one (rows are independent).
   const uint8_t trows = static_cast<uint8_t>(m < 16 ? m : 16);
@@ -201,6 +251,8 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   alignas(64) float c[16 * 32];
   alignas(64) float part[kGroup][16 * 32];
   Out pending[2];
+  Epilogue epi_state;
+  Epilogue* const epi = act ? &epi_state : nullptr;
   const Out* prev = nullptr;
   int set = 0;
   const int64_t block_bytes = kt * kTileBytes;
@@ -208,36 +260,39 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
     const uint16_t* h = hi + r * kp;
     const uint16_t* l = lo + r * kp;
     const int rows = static_cast<int>(r1 - r < 16 ? r1 - r : 16);
-    for (int64_t g0 = b0; g0 < b1; g0 += 2 * kGroup) {
-      const int64_t g1 = g0 + 2 * kGroup < b1 ? g0 + 2 * kGroup : b1;
+    for (int64_t g0 = b0; g0 < b1; g0 += step * kGroup) {
+      const int64_t g1 = g0 + step * kGroup < b1 ? g0 + step * kGroup : b1;
       for (int64_t ci = 0; ci < nkc; ++ci) {
         const int64_t k0 = ci * kc, k1 = k0 + kc < kt ? k0 + kc : kt;
         const bool last = ci + 1 == nkc;
-        for (int64_t g = g0; g < g1; g += 2) {
-          const bool two = g + 1 < g1;
+        for (int64_t g = g0; g < g1; g += step) {
+          const bool two = act || g + 1 < g1;
           const uint8_t* w0 = w + g * block_bytes;
+          const uint8_t* w1 = act ? w + (g + half) * block_bytes : w0 + block_bytes;
           const int64_t j0 = g * 16;
-          float* pt = part[(g - g0) / 2];
+          float* pt = part[(g - g0) / step];
           const float* init = ci > 0 ? pt : nullptr;
           // A one-sweep group's pending store is its own partial sums: store before reloading.
           if (init && prev && prev->y == pt) {
-            if (set == 1) store_out<0>(*prev, c);
-            else store_out<1>(*prev, c);
+            if (set == 1) store_out<0>(*prev, c, epi);
+            else store_out<1>(*prev, c, epi);
             prev = nullptr;
           }
           Out& o = pending[set];
-          if (last) {
+          if (last && act) {
+            o = Out{nullptr, act->ld, nullptr, rows, 32, trows, act->hi + r * act->ld + j0, act->lo + r * act->ld + j0};
+          } else if (last) {
             o = Out{y + r * ldy + j0, ldy, bias ? bias + j0 : nullptr, rows,
                     static_cast<int>(n - j0 < (two ? 32 : 16) ? n - j0 : (two ? 32 : 16)), trows};
           } else {
             o = Out{pt, 32, nullptr, trows, 32, trows};
           }
           if (set == 0) {
-            if (two) sweep<0, true>(h, l, kp * 2, w0, w0 + block_bytes, k0, k1, init, prev, c, stream);
-            else sweep<0, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream);
+            if (two) sweep<0, true>(h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
+            else sweep<0, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream, epi);
           } else {
-            if (two) sweep<1, true>(h, l, kp * 2, w0, w0 + block_bytes, k0, k1, init, prev, c, stream);
-            else sweep<1, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream);
+            if (two) sweep<1, true>(h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
+            else sweep<1, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream, epi);
           }
           prev = &o;
           set ^= 1;
@@ -246,9 +301,10 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
     }
   }
   if (prev) {
-    if (set == 1) store_out<0>(*prev, c);
-    else store_out<1>(*prev, c);
+    if (set == 1) store_out<0>(*prev, c, epi);
+    else store_out<1>(*prev, c, epi);
   }
+  if (epi) epi->finish(c);
   _tile_release();
 }
 
@@ -265,7 +321,7 @@ size_t amx_packed_bytes(int64_t, int64_t) { return 0; }
 void amx_pack_bf16(const uint16_t*, int64_t, int64_t, void*) { std::abort(); }
 void amx_split_rows(const float*, int64_t, int64_t, int64_t, int64_t, uint16_t*, uint16_t*) { std::abort(); }
 void amx_linear_bf16(const uint16_t*, const uint16_t*, int64_t, int64_t, const void*, int64_t, const float*,
-                     float*, int64_t, int64_t, int64_t, int64_t, int64_t) {
+                     float*, int64_t, int64_t, int64_t, int64_t, int64_t, const AmxActOut*) {
   std::abort();
 }
 }  // namespace fantai::cpu

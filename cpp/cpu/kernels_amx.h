@@ -33,9 +33,20 @@ void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r
 // and j in the 16-column blocks [b0, b1) (clipped to n). Per element the k tiles are visited in
 // order, hi then lo, whatever m, r0 or the block range: rows are independent in a tile product.
 // Configures the tiles on the calling thread and releases them before returning.
+//
+// With act set, the call is the MLP's gate|up with its activation fused: packed is [n = 2 * inter,
+// k] (gate rows, then up rows; inter % 16 == 0), [b0, b1) are gate blocks (clipped to inter / 16),
+// and for each, act->hi/lo[r, 16b .. 16b + 15] = the bf16 halves of silu(gate) * up, bit for bit
+// what silu_mul (AVX-512 table) then amx_split_rows would give; y and bias are unused. Rows past
+// r1 in the last tile are not written.
+struct AmxActOut {
+  uint16_t* hi;
+  uint16_t* lo;
+  int64_t ld;  // row stride in elements (the down projection's amx_k_pad(inter))
+};
 void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed,
                      int64_t n, const float* bias, float* y, int64_t ldy, int64_t r0, int64_t r1, int64_t b0,
-                     int64_t b1);
+                     int64_t b1, const AmxActOut* act = nullptr);
 
 // Attention over a bf16 KV cache on AMX tiles (attention_amx.cpp): the AttnItem contract of
 // KernelTable::attention, at f32 precision (Q and the softmax weights enter as three bf16 parts).

@@ -104,11 +104,14 @@ void Model::mlp_block(int layer, int32_t n) {
   const LayerWeights& L = weights_.layer(layer);
   Backend* be = backend_.get();
   const int64_t inter = c.intermediate_size;
-  linear(normed_.as<float>(), L.gate_up.data(), L.gate_up_q, nullptr, gate_up_.as<float>(), n,
-         2 * inter, c.hidden_size, L.packed);
-  be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
-  linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n,
-         c.hidden_size, inter, L.packed);
+  if (!(L.packed && be->mlp_packed(normed_.as<float>(), L.gate_up.data(), L.down.data(), dtype_,
+                                   proj_out_.as<float>(), n, inter, c.hidden_size))) {
+    linear(normed_.as<float>(), L.gate_up.data(), L.gate_up_q, nullptr, gate_up_.as<float>(), n,
+           2 * inter, c.hidden_size, L.packed);
+    be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
+    linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n,
+           c.hidden_size, inter, L.packed);
+  }
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
 

@@ -112,6 +112,37 @@ TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
     }
 }
 
+// The fused MLP (gate|up with silu * up in its epilogue, written as the down projection's bf16
+// halves) gives exactly the bits of linear_packed, silu_mul, linear_packed, on 1 and 2 threads,
+// for partial row tiles, hidden sizes that pad k (100) or take the k-chunked sweeps (1000), and
+// intermediate sizes of one to many 32-column units; an intermediate size the fused path does
+// not take (inter % 32 != 0) is refused, so the caller runs the three ops.
+TEST(Amx, FusedMlpBitIdenticalToThreeOps) {
+  for (int threads : {1, 2}) {
+    auto be = amx_backend(threads);
+    SKIP_WITHOUT_AMX(be);
+    for (int64_t hidden : {64, 100, 576, 1000})
+      for (int64_t inter : {32, 96, 1536}) {
+        Problem gu(200, 2 * inter, hidden, static_cast<uint32_t>(hidden * 13 + inter));
+        Problem dn(1, hidden, inter, static_cast<uint32_t>(hidden * 17 + inter));
+        const auto gu_p = pack(*be, gu), dn_p = pack(*be, dn);
+        for (int64_t m : {1, 7, 16, 33, 200}) {
+          std::vector<float> gate_up(m * 2 * inter), act(m * inter), want(m * hidden), got(m * hidden, NAN);
+          be->linear_packed(gu.x.data(), gu_p.data(), DType::kBF16, nullptr, gate_up.data(), m, 2 * inter, hidden);
+          be->silu_mul(gate_up.data(), act.data(), m, inter);
+          be->linear_packed(act.data(), dn_p.data(), DType::kBF16, nullptr, want.data(), m, hidden, inter);
+          ASSERT_TRUE(be->mlp_packed(gu.x.data(), gu_p.data(), dn_p.data(), DType::kBF16, got.data(), m, inter, hidden));
+          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+              << "threads=" << threads << " hidden=" << hidden << " inter=" << inter << " m=" << m;
+        }
+      }
+    Problem gu(4, 2 * 48, 64, 5), dn(1, 64, 48, 6);
+    const auto gu_p = pack(*be, gu), dn_p = pack(*be, dn);
+    std::vector<float> out(4 * 64);
+    EXPECT_FALSE(be->mlp_packed(gu.x.data(), gu_p.data(), dn_p.data(), DType::kBF16, out.data(), 4, 48, 64));
+  }
+}
+
 TEST(Amx, DisabledByEnvKeepsRowMajorPath) {
   if (detected_isa() < Isa::kAvx512 || !amx_usable()) GTEST_SKIP() << "AMX not usable here";
   const char* old = std::getenv("FANTAI_AMX");

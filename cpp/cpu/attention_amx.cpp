@@ -38,11 +38,13 @@ constexpr int kAhead = 2;   // chunks of prefetch distance
 constexpr int kRowsPathMax = 8;
 
 // Tiles: 0 S^T; 1 K (A); 2 Q^T part (B); 3, 4 two 16-dim column blocks of O_chunk; 5 P part (A,
-// 16 keys = 32 bytes a row); 6 V key pairs (B, 8 rows).
-void configure() {
+// 16 keys = 32 bytes a row); 6 V key pairs (B, 8 rows). O_chunk and P have one row per query row:
+// a tile of fewer rows configures just those (a product of <= 8 rows takes ~2.6 ns, of 16 ~4.5).
+void configure(int rows) {
   amx::TileConfig cfg;
-  for (int t : {0, 1, 2, 3, 4}) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  cfg.colsb[5] = 32, cfg.rows[5] = 16;
+  for (int t : {0, 1, 2}) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  for (int t : {3, 4}) cfg.colsb[t] = 64, cfg.rows[t] = static_cast<uint8_t>(rows);
+  cfg.colsb[5] = 32, cfg.rows[5] = static_cast<uint8_t>(rows);
   cfg.colsb[6] = 64, cfg.rows[6] = 8;
   amx::load_config(cfg);
 }
@@ -128,10 +130,15 @@ struct Scratch {
 
 // Q^T parts of the tile's rows q[0, rows) (zero rows past them) into qb.
 FA_INLINE void pack_queries(const Scratch& S, int hd, int rows, const float* const* q) {
-  for (int n = 0; n < kRows; ++n) {
-    const float* src = n < rows ? q[n] : nullptr;
+  for (int n = rows; n < kRows; ++n)
+    for (int sp = 0; sp < kSplits; ++sp)
+      for (int e = 0; e < hd; e += 16)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(S.qs + (static_cast<int64_t>(sp) * 16 + n) * hd + e),
+                           _mm256_setzero_si256());
+  for (int n = 0; n < rows; ++n) {
+    const float* src = q[n];
     for (int e = 0; e < hd; e += 16) {
-      __m512 x = src ? _mm512_loadu_ps(src + e) : _mm512_setzero_ps();
+      __m512 x = _mm512_loadu_ps(src + e);
       for (int sp = 0; sp < kSplits; ++sp) {
         const __m256bh b = _mm512_cvtneps_pbh(x);
         _mm256_store_si256(reinterpret_cast<__m256i*>(S.qs + (static_cast<int64_t>(sp) * 16 + n) * hd + e),
@@ -207,7 +214,7 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
   };
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
   const __m512 scale = _mm512_set1_ps(a.scale);
-  configure();
+  int configured = 0;
   for (int r0 = 0; r0 < nh; r0 += kRows) {
     const int rows = nh - r0 < kRows ? nh - r0 : kRows;
     // Row r = query r / G, head r % G (counted up, not divided: an idiv per row was ~5%).
@@ -224,8 +231,10 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
     for (int n = rows; n < 16; ++n) pos[n] = last;  // padding lanes (zero queries) see what it sees
     const __m512i posv = _mm512_load_si512(pos);
     const bool rows_path = rows <= kRowsPathMax;
+    const int tile_rows = rows_path ? (rows + 1) / 2 * 2 : 16;  // P rows are written in pairs
+    if (tile_rows != configured) configure(configured = tile_rows);
     pack_queries(S, hd, rows, qrow);
-    for (int i = 0; i < 16 * hd; i += 16) _mm512_store_ps(S.o + i, _mm512_setzero_ps());
+    for (int i = 0; i < rows * hd; i += 16) _mm512_store_ps(S.o + i, _mm512_setzero_ps());
     __m512 mx = ninf, l = _mm512_setzero_ps();
     // S^T of the chunk at key position start into tile 0 (stored by the caller).
     auto scores = [&](int start) {

@@ -107,12 +107,10 @@ struct Scratch {
   float* st;   // [2][16][16] S^T of this chunk and the next
   uint16_t* pa;  // [kPSplits][16][16] bf16 parts of P
   uint16_t* vb;  // [hd/16][8][32] V with key pairs interleaved
-  float* mx;   // [16] running max per lane
-  float* l;    // [16] running denominator
   float* corr; // [16] this chunk's correction
   static int64_t floats(int hd) {
     return static_cast<int64_t>(hd / 32) * kSplits * 256 + kSplits * 16 * hd / 2 + 2 * 16 * hd + 512 +
-           kPSplits * 128 + (hd / 16) * 128 + 3 * 16;
+           kPSplits * 128 + (hd / 16) * 128 + 16;
   }
   Scratch(float* s, int hd) {
     qb = s; s += static_cast<int64_t>(hd / 32) * kSplits * 256;
@@ -122,8 +120,6 @@ struct Scratch {
     st = s; s += 512;
     pa = reinterpret_cast<uint16_t*>(s); s += kPSplits * 128;
     vb = reinterpret_cast<uint16_t*>(s); s += (hd / 16) * 128;
-    mx = s; s += 16;
-    l = s; s += 16;
     corr = s;
   }
 };

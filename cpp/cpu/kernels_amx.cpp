@@ -10,9 +10,10 @@
 #include <immintrin.h>
 
 #include "cpu/amx_tiles.h"
-#include "cpu/vt_avx512.h"
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "cpu/vt_avx512.h"  // last: from here on the TU is AVX-512 code
 
 namespace fantai::cpu {
 namespace {

@@ -53,14 +53,17 @@ struct Out {
   uint16_t* act_lo = nullptr;
 };
 
-// silu(g) * u exactly as the AVX-512 kernel table's silu_mul computes it, then the halves exactly
-// as amx_split_rows makes them: the fused path gives the unfused path's bits.
+// silu(g) * u exactly as the AVX-512 kernel table's silu_mul (kernels_impl.h's silu_v) computes
+// it: the fused MLP must give the unfused path's bits, which test_amx checks bitwise. (A copy,
+// not a call: kernels_impl.h is instantiated per ISA inside each kernels_<isa>.cpp.)
 FA_INLINE __m512 silu_mul16(__m512 g, __m512 u) {
   using VT = vt_avx512::VT;
   const __m512 one = VT::set1(1.0f);
   return VT::mul(VT::div(g, VT::add(one, VT::exp(VT::sub(VT::zero(), g)))), u);
 }
 
+// x = hi + lo in bf16, 16 lanes: the one split of activations for the tiles (amx_split_rows and
+// the fused MLP's epilogue).
 FA_INLINE void split16(__m512 v, uint16_t* hi, uint16_t* lo) {
   const __m256bh h = _mm512_cvtneps_pbh(v);
   const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
@@ -207,12 +210,7 @@ void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r
     for (int64_t i = 0; i < kp; i += 16) {
       const int64_t left = k - i;
       const __mmask16 mask = left >= 16 ? 0xffff : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
-      const __m512 v = _mm512_maskz_loadu_ps(mask, xr + i);
-      const __m256bh h = _mm512_cvtneps_pbh(v);
-      const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-      const __m256bh l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, hf));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * kp + i), (__m256i)h);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * kp + i), (__m256i)l);
+      split16(_mm512_maskz_loadu_ps(mask, xr + i), hi + r * kp + i, lo + r * kp + i);
     }
   }
   if (r_pad > r1) {

@@ -215,6 +215,16 @@ class Backend {
   virtual bool mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out,
                           int64_t m, int64_t inter, int64_t hidden);
 
+  // Precision of the activations that meet bf16 matrices in a matrix unit: the inputs of
+  // linears on bf16 weights, and attention's queries and softmax weights over a bf16 KV cache.
+  // kF32 (the default) keeps them f32-grade. kBF16 lets the backend round them to bf16 where that
+  // makes the product faster, as torch's bf16 matmul, llama.cpp and vLLM's CPU backend always do
+  // (the CPU backend on AMX: half the tile work in linears, a third in attention). Accumulation,
+  // norms, the residual stream and the softmax itself stay f32. Returns whether this backend now
+  // rounds (false where it has no such unit, or for kF32). Set it before the first forward; rows
+  // stay batch invariant in either mode.
+  virtual bool set_matmul_precision(DType precision);
+
   Communicator& communicator() { return *comm_; }
   void set_communicator(std::shared_ptr<Communicator> comm) { comm_ = std::move(comm); }
 

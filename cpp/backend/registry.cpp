@@ -71,6 +71,12 @@ void Backend::embedding_q(const int32_t*, int64_t, const QuantMatrix&, float*) {
   FANTAI_THROW("quantized embedding is not supported on the " << name() << " backend");
 }
 
+bool Backend::set_matmul_precision(DType precision) {
+  FANTAI_REQUIRE(precision == DType::kF32 || precision == DType::kBF16,
+                 "matmul precision must be float32 or bfloat16, got " << dtype_name(precision));
+  return false;
+}
+
 std::vector<std::string> available_backends() {
   std::vector<std::string> names{"cpu"};
 #ifdef FANTAI_WITH_CUDA

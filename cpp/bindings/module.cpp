@@ -353,6 +353,11 @@ void bind_model(py::module_& m) {
       .def_property_readonly("dtype", [](const Model& mo) { return std::string(dtype_name(mo.dtype())); })
       .def_property_readonly("num_threads", [](const Model& mo) { return mo.backend()->num_threads(); })
       .def_property_readonly("backend", [](const Model& mo) { return mo.backend()->name(); })
+      .def("set_matmul_precision",
+           [](Model& mo, const std::string& precision) {
+             return mo.backend()->set_matmul_precision(dtype_from_name(precision));
+           },
+           py::arg("precision"))
       .def_property_readonly("device_free_memory", [](const Model& mo) { return mo.backend()->free_memory(); })
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
       .def("score", [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {

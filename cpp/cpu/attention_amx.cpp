@@ -30,6 +30,7 @@ using VT = vt_avx512::VT;
 
 constexpr int kSplits = 3;   // bf16 parts of Q (all 24 bits: scores can be large)
 constexpr int kPSplits = 3;  // and of the softmax weights (two leave ~3e-5 relative error)
+// (With bf16 activations, Q and P are rounded to bf16 instead: one part each.)
 constexpr int kRows = 16;   // query rows per tile = lanes
 constexpr int kKeys = 16;   // keys per chunk
 constexpr int kAhead = 2;   // chunks of prefetch distance
@@ -125,6 +126,7 @@ struct Scratch {
 };
 
 // Q^T parts of the tile's rows q[0, rows) (zero rows past them) into qb.
+template <int kSplits>
 FA_INLINE void pack_queries(const Scratch& S, int hd, int rows, const float* const* q) {
   for (int n = rows; n < kRows; ++n)
     for (int sp = 0; sp < kSplits; ++sp)
@@ -197,7 +199,12 @@ bool amx_attention_supported(int head_dim, int block_size) {
 
 int64_t amx_attn_scratch_floats(int head_dim) { return Scratch::floats(head_dim); }
 
-void amx_attention_bf16(const AttnItem& a, float* scratch) {
+namespace {
+
+// Q in QS bf16 parts, P in PS: 3 and 3 (f32 math) or 1 and 1 (bf16 activations).
+template <int QS, int PS>
+void attention_tiles(const AttnItem& a, float* scratch) {
+  constexpr int kSplits = QS, kPSplits = PS;
   const int G = a.group, hd = a.head_dim, bs = a.block_size;
   const int nh = a.num_q * G;
   const Scratch S(scratch, hd);
@@ -229,7 +236,7 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
     const bool rows_path = rows <= kRowsPathMax;
     const int tile_rows = rows_path ? (rows + 1) / 2 * 2 : 16;  // P rows are written in pairs
     if (tile_rows != configured) configure(configured = tile_rows);
-    pack_queries(S, hd, rows, qrow);
+    pack_queries<kSplits>(S, hd, rows, qrow);
     for (int i = 0; i < rows * hd; i += 16) _mm512_store_ps(S.o + i, _mm512_setzero_ps());
     __m512 mx = ninf, l = _mm512_setzero_ps();
     // S^T of the chunk at key position start into tile 0 (stored by the caller).
@@ -239,12 +246,10 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
       for (int s = 0; s < hd / 32; ++s) {
         _tile_loadd(1, kc + off + s * 32, hd * 2);
         const float* qb = S.qb + static_cast<int64_t>(s) * kSplits * 256;
-        _tile_loadd(2, qb, 64);
-        _tile_dpbf16ps(0, 1, 2);
-        _tile_loadd(2, qb + 256, 64);
-        _tile_dpbf16ps(0, 1, 2);
-        _tile_loadd(2, qb + 512, 64);
-        _tile_dpbf16ps(0, 1, 2);
+        for (int sp = 0; sp < kSplits; ++sp) {
+          _tile_loadd(2, qb + sp * 256, 64);
+          _tile_dpbf16ps(0, 1, 2);
+        }
       }
     };
     auto prefetch = [&](int start) {
@@ -351,6 +356,11 @@ void amx_attention_bf16(const AttnItem& a, float* scratch) {
   _tile_release();
 }
 
+}  // namespace
+
+void amx_attention_bf16(const AttnItem& a, float* scratch) { attention_tiles<3, 3>(a, scratch); }
+void amx_attention_bf16_act(const AttnItem& a, float* scratch) { attention_tiles<1, 1>(a, scratch); }
+
 }  // namespace fantai::cpu
 
 #else  // no AMX in this build
@@ -359,6 +369,7 @@ namespace fantai::cpu {
 bool amx_attention_supported(int, int) { return false; }
 int64_t amx_attn_scratch_floats(int) { return 0; }
 void amx_attention_bf16(const AttnItem&, float*) {}
+void amx_attention_bf16_act(const AttnItem&, float*) {}
 }  // namespace fantai::cpu
 
 #endif

@@ -142,6 +142,13 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // Only the AMX kernels have a cheaper bf16 form: the vector kernels multiply in f32 anyway.
+  bool set_matmul_precision(DType precision) override {
+    Backend::set_matmul_precision(precision);  // checks the name
+    bf16_act_ = amx_ && precision == DType::kBF16;
+    return bf16_act_;
+  }
+
   size_t dense_packed_bytes(DType dt, int64_t n, int64_t k) const override {
     return amx_ && dt == DType::kBF16 && n > 0 && k > 0 ? amx_packed_bytes(n, k) : 0;
   }
@@ -174,7 +181,7 @@ class CpuBackend final : public Backend {
     split_packed(x, m, 2 * inter, hidden, &hi, &lo);
     const size_t need = static_cast<size_t>(amx_m_pad(m) * inter) + 32;
     if (amx_act_hi_.size() < need) amx_act_hi_.resize(need), amx_act_lo_.resize(need);
-    const AmxActOut act{aligned64(amx_act_hi_), aligned64(amx_act_lo_), inter};
+    const AmxActOut act{aligned64(amx_act_hi_), bf16_act_ ? nullptr : aligned64(amx_act_lo_), inter};
     run_packed(hi, lo, m, hidden, gate_up, 2 * inter, nullptr, nullptr, &act);
     run_packed(act.hi, act.lo, m, inter, down, hidden, nullptr, out, nullptr);
     return true;
@@ -195,7 +202,7 @@ class CpuBackend final : public Backend {
     const size_t need = static_cast<size_t>(mp * kp) + 32;
     if (amx_hi_.size() < need) amx_hi_.resize(need), amx_lo_.resize(need);
     uint16_t* const hi = aligned64(amx_hi_);
-    uint16_t* const lo = aligned64(amx_lo_);
+    uint16_t* const lo = bf16_act_ ? nullptr : aligned64(amx_lo_);
     const bool whole = m * n * k < kParallelMinWork || pool_.size() == 1;
     const int64_t split_block = 64, split_blocks = whole ? 1 : ceil_div(m, split_block);
     pool_.parallel_for(split_blocks, [&](int64_t t, int) {
@@ -454,6 +461,7 @@ class CpuBackend final : public Backend {
   static constexpr int64_t kAmxChunkBytes = 512 << 10;  // bf16 weights per linear_packed task
   bool panel_ = false;
   bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
+  bool bf16_act_ = false;  // set_matmul_precision(kBF16) on AMX: one bf16 part, not two (or three)
   ThreadPool pool_;
   std::vector<float> perm_scratch_;  // linear_q act-order gather; the step thread is the only caller
   std::vector<uint16_t> amx_hi_, amx_lo_;  // linear_packed's bf16 halves of x; likewise
@@ -524,7 +532,7 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
   // Per-thread scratch, per call (a few KiB per thread), so concurrent calls share nothing.
   const int64_t per = (need + 16 + 15) / 16 * 16;
   std::vector<float> scratch(static_cast<size_t>(per * pool_.size() + 16));
-  const auto fn = amx_attn ? amx_attention_bf16 : k_.attention;
+  const auto fn = amx_attn ? (bf16_act_ ? amx_attention_bf16_act : amx_attention_bf16) : k_.attention;
   // Causal work grows with a tile's position: hand out the last tiles first (longest first), so
   // the pool does not end on one thread finishing a long tile while the others wait.
   const int64_t n_items = static_cast<int64_t>(items.size());

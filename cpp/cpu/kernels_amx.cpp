@@ -1,6 +1,7 @@
 // cpu: AMX bf16 dense linear (see kernels_amx.h). Per-file flags add -mamx-*; nothing here runs
 // unless amx_usable() said so. Activations are f32: x = hi + lo with both halves in bf16, so the
-// two exact-bf16-weight products carry ~16 significant bits of x (error ~2^-17 of |x|).
+// two exact-bf16-weight products carry ~16 significant bits of x (error ~2^-17 of |x|). In the
+// bf16-activation mode there is no lo: one product per tile, x rounded to bf16 (2^-9).
 #include "cpu/kernels_amx.h"
 
 #include <cstring>
@@ -72,6 +73,11 @@ FA_INLINE void split16(__m512 v, uint16_t* hi, uint16_t* lo) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), (__m256i)l);
 }
 
+// x rounded to bf16, 16 lanes: the bf16-activation mode's hi, with no lo.
+FA_INLINE void round16(__m512 v, uint16_t* hi) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
 // C tiles 2S, 2S+1 (one 16-row x 32-column output) into y: straight from the tiles when they
 // cover exactly the destination and there is no bias, else through c (rows past r1 or columns
 // past n must not be written; the bias is added after the sum, as in the other linears).
@@ -91,8 +97,9 @@ struct Epilogue {
   FA_INLINE void step(const float* c) {
     if (next >= o.rows) return;
     const int i = next++;
-    split16(silu_mul16(_mm512_load_ps(c + i * 32), _mm512_load_ps(c + i * 32 + 16)), o.act_hi + i * o.ldy,
-            o.act_lo + i * o.ldy);
+    const __m512 v = silu_mul16(_mm512_load_ps(c + i * 32), _mm512_load_ps(c + i * 32 + 16));
+    if (o.act_lo) split16(v, o.act_hi + i * o.ldy, o.act_lo + i * o.ldy);
+    else round16(v, o.act_hi + i * o.ldy);
   }
   FA_INLINE void finish(const float* c) {
     while (next < o.rows) step(c);
@@ -144,16 +151,16 @@ FA_INLINE void store_out(const Out& o, float* c, Epilogue* epi) {
     }                                                        \
     for (int64_t kb = k0; kb < k1; ++kb) {                   \
       _tile_loadd(4, hi + kb * 32, ldx_bytes);               \
-      _tile_loadd(5, lo + kb * 32, ldx_bytes);               \
+      if constexpr (LO) _tile_loadd(5, lo + kb * 32, ldx_bytes); \
       if (stream) _tile_stream_loadd(6, w0 + kb * kTileBytes, 64); \
       else _tile_loadd(6, w0 + kb * kTileBytes, 64);              \
       _tile_dpbf16ps(C0, 4, 6);                              \
-      _tile_dpbf16ps(C0, 5, 6);                              \
+      if constexpr (LO) _tile_dpbf16ps(C0, 5, 6);            \
       if constexpr (TWO) {                                   \
         if (stream) _tile_stream_loadd(7, w1 + kb * kTileBytes, 64); \
         else _tile_loadd(7, w1 + kb * kTileBytes, 64);              \
         _tile_dpbf16ps(C1, 4, 7);                            \
-        _tile_dpbf16ps(C1, 5, 7);                            \
+        if constexpr (LO) _tile_dpbf16ps(C1, 5, 7);          \
       }                                                      \
       if (kb == k0 && prev) store_out<OTHER>(*prev, c, epi); \
       else if (epi) epi->step(c);                            \
@@ -163,12 +170,25 @@ FA_INLINE void store_out(const Out& o, float* c, Epilogue* epi) {
 
 // k tiles [k0, k1) of one sweep, starting from zero or from the partial sums at init (16 x 32
 // floats, as a previous k chunk stored them).
-template <int S, bool TWO>
+template <int S, bool TWO, bool LO>
 FA_INLINE void sweep(const uint16_t* hi, const uint16_t* lo, int64_t ldx_bytes, const uint8_t* w0,
                      const uint8_t* w1, int64_t k0, int64_t k1, const float* init, const Out* prev, float* c,
                      bool stream, Epilogue* epi) {
   if constexpr (S == 0) FA_SWEEP(0, 1, 1);
   else FA_SWEEP(2, 3, 0);
+}
+
+template <bool LO>
+FA_INLINE void run_sweep(int set, bool two, const uint16_t* hi, const uint16_t* lo, int64_t ldx_bytes,
+                         const uint8_t* w0, const uint8_t* w1, int64_t k0, int64_t k1, const float* init,
+                         const Out* prev, float* c, bool stream, Epilogue* epi) {
+  if (set == 0) {
+    if (two) sweep<0, true, LO>(hi, lo, ldx_bytes, w0, w1, k0, k1, init, prev, c, stream, epi);
+    else sweep<0, false, LO>(hi, lo, ldx_bytes, w0, nullptr, k0, k1, init, prev, c, stream, epi);
+  } else {
+    if (two) sweep<1, true, LO>(hi, lo, ldx_bytes, w0, w1, k0, k1, init, prev, c, stream, epi);
+    else sweep<1, false, LO>(hi, lo, ldx_bytes, w0, nullptr, k0, k1, init, prev, c, stream, epi);
+  }
 }
 
 }  // namespace
@@ -210,12 +230,14 @@ void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r
     for (int64_t i = 0; i < kp; i += 16) {
       const int64_t left = k - i;
       const __mmask16 mask = left >= 16 ? 0xffff : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
-      split16(_mm512_maskz_loadu_ps(mask, xr + i), hi + r * kp + i, lo + r * kp + i);
+      const __m512 v = _mm512_maskz_loadu_ps(mask, xr + i);
+      if (lo) split16(v, hi + r * kp + i, lo + r * kp + i);
+      else round16(v, hi + r * kp + i);
     }
   }
   if (r_pad > r1) {
     std::memset(hi + r1 * kp, 0, static_cast<size_t>((r_pad - r1) * kp) * 2);
-    std::memset(lo + r1 * kp, 0, static_cast<size_t>((r_pad - r1) * kp) * 2);
+    if (lo) std::memset(lo + r1 * kp, 0, static_cast<size_t>((r_pad - r1) * kp) * 2);
   }
 }
 
@@ -257,7 +279,7 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   const int64_t block_bytes = kt * kTileBytes;
   for (int64_t r = r0; r < r1; r += 16) {
     const uint16_t* h = hi + r * kp;
-    const uint16_t* l = lo + r * kp;
+    const uint16_t* l = lo ? lo + r * kp : nullptr;
     const int rows = static_cast<int>(r1 - r < 16 ? r1 - r : 16);
     for (int64_t g0 = b0; g0 < b1; g0 += step * kGroup) {
       const int64_t g1 = g0 + step * kGroup < b1 ? g0 + step * kGroup : b1;
@@ -279,20 +301,15 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
           }
           Out& o = pending[set];
           if (last && act) {
-            o = Out{nullptr, act->ld, nullptr, rows, 32, trows, act->hi + r * act->ld + j0, act->lo + r * act->ld + j0};
+            o = Out{nullptr, act->ld, nullptr, rows, 32, trows, act->hi + r * act->ld + j0, act->lo ? act->lo + r * act->ld + j0 : nullptr};
           } else if (last) {
             o = Out{y + r * ldy + j0, ldy, bias ? bias + j0 : nullptr, rows,
                     static_cast<int>(n - j0 < (two ? 32 : 16) ? n - j0 : (two ? 32 : 16)), trows};
           } else {
             o = Out{pt, 32, nullptr, trows, 32, trows};
           }
-          if (set == 0) {
-            if (two) sweep<0, true>(h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
-            else sweep<0, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream, epi);
-          } else {
-            if (two) sweep<1, true>(h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
-            else sweep<1, false>(h, l, kp * 2, w0, nullptr, k0, k1, init, prev, c, stream, epi);
-          }
+          if (l) run_sweep<true>(set, two, h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
+          else run_sweep<false>(set, two, h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
           prev = &o;
           set ^= 1;
         }

@@ -26,10 +26,12 @@ void amx_pack_bf16(const uint16_t* w, int64_t n, int64_t k, void* dst);
 
 // Rows [r0, r1) of x [m, k] f32 into hi = bf16(x) and lo = bf16(x - hi), [*, amx_k_pad(k)]
 // row-major with zero padding; rows in [r1, r_pad) are zeroed (the tail of a 16-row tile).
+// lo null: bf16 activations (Backend::set_matmul_precision), hi only.
 void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r_pad, uint16_t* hi,
                     uint16_t* lo);
 
 // y[r, j] = hi[r].w[j] + lo[r].w[j] (+ bias[j]) for r in [r0, min(r1, m)), r0 a multiple of 16,
+// (lo null: hi[r].w[j] alone, the bf16-activation mode),
 // and j in the 16-column blocks [b0, b1) (clipped to n). Per element the k tiles are visited in
 // order, hi then lo, whatever m, r0 or the block range: rows are independent in a tile product.
 // Configures the tiles on the calling thread and releases them before returning.
@@ -41,7 +43,7 @@ void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r
 // r1 in the last tile are not written.
 struct AmxActOut {
   uint16_t* hi;
-  uint16_t* lo;
+  uint16_t* lo;  // null: bf16 activations, hi = bf16(silu(gate) * up) only
   int64_t ld;  // row stride in elements (the down projection's amx_k_pad(inter))
 };
 void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed,
@@ -49,11 +51,13 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
                      int64_t b1, const AmxActOut* act = nullptr);
 
 // Attention over a bf16 KV cache on AMX tiles (attention_amx.cpp): the AttnItem contract of
-// KernelTable::attention, at f32 precision (Q and the softmax weights enter as three bf16 parts).
+// KernelTable::attention, at f32 precision (Q and the softmax weights enter as three bf16 parts);
+// the _act form rounds both to bf16 instead (bf16 activations, one part each).
 // Needs head_dim % 32 == 0 and block_size % 16 == 0; the backend then runs every item of such a
 // layout here, decode included, so no row switches kernels (batch invariance).
 bool amx_attention_supported(int head_dim, int block_size);
 int64_t amx_attn_scratch_floats(int head_dim);  // per item, 64-byte aligned by the caller
 void amx_attention_bf16(const AttnItem& a, float* scratch);
+void amx_attention_bf16_act(const AttnItem& a, float* scratch);
 
 }  // namespace fantai::cpu

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ from fantai.loader import load_model, parse_bytes
 
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
+MATMUL_PRECISIONS = ("float32", "bfloat16")
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: str) -> str:
@@ -45,9 +47,16 @@ class EngineOptions:
     device: str = "cpu"  # backend: "cpu", "cuda" or "cuda:N"
     quantization: str = "none"  # online RTN of dense linear weights: "none" | "int8" | "int4"
     dequantize: bool = False  # load a GGUF's quantized tensors as dense `dtype` weights (references)
+    # Activations meeting bf16 weights or a bf16 KV cache: "float32" keeps them f32-grade;
+    # "bfloat16" lets a bf16 matrix unit (CPU AMX) round them to bf16 first, as torch's bf16
+    # matmul, llama.cpp and vLLM do: faster prefill, tokens no longer exact against an f32 reference.
+    matmul_precision: str = "float32"
 
     def __post_init__(self) -> None:
         resolve_kv_cache_dtype(self.kv_cache_dtype, "float32")  # a bad name fails before the model loads
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}; "
+                             f"got {self.matmul_precision!r}")
 
     def core_config(self, eos_token_ids: list[int], model_dtype: str = "float32",
                     device_free_bytes: int = -1) -> _C.EngineConfig:
@@ -101,6 +110,13 @@ class CoreHolder:
         self.load_seconds = loaded.load_seconds
         self.chat_template = chat_template
         self._model = loaded.model
+        # What the backend does, not what was asked: "bfloat16" only where it has a unit for it.
+        rounds = loaded.model.set_matmul_precision(options.matmul_precision)
+        self.matmul_precision: str = "bfloat16" if rounds else "float32"
+        if options.matmul_precision != self.matmul_precision:
+            logging.getLogger("fantai").warning(
+                "matmul_precision=%r has no effect on this %s backend (no bf16 matrix unit such as "
+                "AMX): activations stay float32", options.matmul_precision, loaded.model.backend)
         config = options.core_config(self.tokenizer.eos_token_ids, loaded.model.dtype,
                                      loaded.model.device_free_memory)
         self.kv_cache_dtype: str = config.kv_cache_dtype  # resolved: never "auto"

@@ -26,11 +26,13 @@ class AsyncEngine(CoreHolder):
                  enable_chunked_prefill: bool = True, num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto", device: str = "cpu",
                  quantization: str = "none", dequantize: bool = False,
+                 matmul_precision: str = "float32",
                  idle_release_seconds: float = 10.0) -> None:
         super().__init__(model, EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization,
                                               max_num_seqs, max_num_batched_tokens, block_size, seed, threads,
                                               enable_chunked_prefill, num_kv_blocks, enable_prefix_caching,
-                                              kv_cache_dtype, device, quantization, dequantize),
+                                              kv_cache_dtype, device, quantization, dequantize,
+                                              matmul_precision),
                          chat_template)
         # From here on the loop thread owns self.engine: only the thread-safe EngineLoop is used.
         self._loop = _C.EngineLoop(self.engine)

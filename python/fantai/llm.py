@@ -29,11 +29,13 @@ class LLM(CoreHolder):
                  seed: int = 0, threads: int | None = None, enable_chunked_prefill: bool = True,
                  num_kv_blocks: int | None = None, chat_template: str | None = None,
                  enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto",
-                 device: str = "cpu", quantization: str = "none", dequantize: bool = False) -> None:
+                 device: str = "cpu", quantization: str = "none", dequantize: bool = False,
+                 matmul_precision: str = "float32") -> None:
         super().__init__(model, EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization,
                                               max_num_seqs, max_num_batched_tokens, block_size, seed, threads,
                                               enable_chunked_prefill, num_kv_blocks, enable_prefix_caching,
-                                              kv_cache_dtype, device, quantization, dequantize),
+                                              kv_cache_dtype, device, quantization, dequantize,
+                                              matmul_precision),
                          chat_template)
 
     def get_tokenizer(self) -> Any:

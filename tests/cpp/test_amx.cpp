@@ -3,6 +3,7 @@
 // Skips where the CPU or kernel offers no AMX.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -18,10 +19,13 @@
 namespace fantai::cpu {
 namespace {
 
-std::shared_ptr<Backend> amx_backend(int threads) {
+// precision: Backend::set_matmul_precision (kBF16: activations rounded to bf16, one tile part).
+std::shared_ptr<Backend> amx_backend(int threads, DType precision = DType::kF32) {
   if (detected_isa() < Isa::kAvx512 || !amx_usable()) return nullptr;
   auto be = make_cpu_backend(Isa::kAvx512, threads);
-  return be->dense_packed_bytes(DType::kBF16, 16, 32) > 0 ? be : nullptr;
+  if (be->dense_packed_bytes(DType::kBF16, 16, 32) == 0) return nullptr;
+  EXPECT_EQ(precision == DType::kBF16, be->set_matmul_precision(precision));
+  return be;
 }
 
 #define SKIP_WITHOUT_AMX(be)                                                                      \
@@ -84,10 +88,63 @@ TEST(Amx, LinearMatchesReferenceOnOddShapes) {
       }
 }
 
+// bf16 activations: y = bf16(x) . w + bias, so against the reference on the rounded x only the
+// f32 accumulation order differs; against the unrounded x the rounding shows (the mode is on).
+TEST(Amx, Bf16ActivationsMatchReferenceOnRoundedInputs) {
+  auto be = amx_backend(2, DType::kBF16), be32 = amx_backend(2);
+  SKIP_WITHOUT_AMX(be);
+  for (int64_t m : {1, 17, 64})
+    for (int64_t k : {64, 100, 576, 1536})
+      for (int64_t n : {17, 1536}) {
+        Problem p(m, n, k, static_cast<uint32_t>(m * 31 + n * 7 + k));
+        const auto packed = pack(*be, p);
+        std::vector<float> xr(p.x.size());
+        for (size_t i = 0; i < xr.size(); ++i) xr[i] = bf16_to_f32(f32_to_bf16(p.x[i]));
+        const float* bias = n == 17 ? p.bias.data() : nullptr;
+        std::vector<float> got(m * n, NAN), want(m * n), exact(m * n), f32(m * n);
+        be->linear_packed(p.x.data(), packed.data(), DType::kBF16, bias, got.data(), m, n, k);
+        be32->linear_packed(p.x.data(), packed.data(), DType::kBF16, bias, f32.data(), m, n, k);
+        ref::linear(xr.data(), p.w.data(), DType::kBF16, bias, want.data(), m, n, k);
+        ref::linear(p.x.data(), p.w.data(), DType::kBF16, bias, exact.data(), m, n, k);
+        const float rel = static_cast<float>(k) * std::ldexp(1.f, -24);
+        int bad = 0;
+        double moved = 0, moved32 = 0;
+        for (int64_t r = 0; r < m && bad < 5; ++r)
+          for (int64_t j = 0; j < n && bad < 5; ++j) {
+            double mag = 0;
+            for (int64_t i = 0; i < k; ++i)
+              mag += std::fabs(xr[r * k + i] * static_cast<double>(bf16_to_f32(p.w[j * k + i])));
+            const double err = std::fabs(static_cast<double>(got[r * n + j]) - want[r * n + j]);
+            moved = std::max(moved, std::fabs(static_cast<double>(got[r * n + j]) - exact[r * n + j]));
+            moved32 = std::max(moved32, std::fabs(static_cast<double>(f32[r * n + j]) - exact[r * n + j]));
+            if (!(err <= rel * mag + 1e-6)) {
+              ADD_FAILURE() << "m=" << m << " n=" << n << " k=" << k << " y[" << r << "," << j << "] got "
+                            << got[r * n + j] << " want " << want[r * n + j];
+              ++bad;
+            }
+          }
+        // Rounding x to bf16 (2^-9) must show next to the f32 mode's two parts (2^-17).
+        EXPECT_GT(moved, 8 * moved32) << "m=" << m << " n=" << n << " k=" << k << ": x not rounded?";
+      }
+}
+
+TEST(Amx, MatmulPrecisionIsAnAmxChoice) {
+  auto be = make_cpu_backend(Isa::kAvx2, 1);
+  EXPECT_FALSE(be->set_matmul_precision(DType::kBF16));  // vector kernels: f32 products anyway
+  EXPECT_FALSE(be->set_matmul_precision(DType::kF32));
+  EXPECT_THROW(be->set_matmul_precision(DType::kF16), std::exception);
+  auto amx = amx_backend(1);
+  SKIP_WITHOUT_AMX(amx);
+  EXPECT_TRUE(amx->set_matmul_precision(DType::kBF16));
+  EXPECT_FALSE(amx->set_matmul_precision(DType::kF32));
+  EXPECT_THROW(amx->set_matmul_precision(DType::kI8), std::exception);
+}
+
 // A row's bits depend on nothing but that row: not m, not its position in a 16-row tile, not the
 // thread split (the engine's batch invariance rests on it).
 TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
-  auto be1 = amx_backend(1), be2 = amx_backend(2);
+  for (DType precision : {DType::kF32, DType::kBF16}) {
+  auto be1 = amx_backend(1, precision), be2 = amx_backend(2, precision);
   SKIP_WITHOUT_AMX(be2);
   // Without a bias, full tiles are stored straight into y and partial ones (past m, past n) go
   // through a buffer: a row's bits must not depend on which.
@@ -107,9 +164,10 @@ TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
         std::vector<float> y(m * n);
         be2->linear_packed(p.x.data() + r0 * k, packed.data(), DType::kBF16, bias, y.data(), m, n, k);
         EXPECT_EQ(0, std::memcmp(y.data(), all2.data() + r0 * n, y.size() * 4))
-            << "m=" << m << " k=" << k << " bias=" << with_bias;
+            << "m=" << m << " k=" << k << " bias=" << with_bias << " " << dtype_name(precision);
       }
     }
+  }
 }
 
 // The fused MLP (gate|up with silu * up in its epilogue, written as the down projection's bf16
@@ -118,8 +176,9 @@ TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
 // intermediate sizes of one to many 32-column units; an intermediate size the fused path does
 // not take (inter % 32 != 0) is refused, so the caller runs the three ops.
 TEST(Amx, FusedMlpBitIdenticalToThreeOps) {
-  for (int threads : {1, 2}) {
-    auto be = amx_backend(threads);
+  for (int threads : {1, 2})
+  for (DType precision : {DType::kF32, DType::kBF16}) {
+    auto be = amx_backend(threads, precision);
     SKIP_WITHOUT_AMX(be);
     for (int64_t hidden : {64, 100, 576, 1000})
       for (int64_t inter : {32, 96, 1536}) {
@@ -133,7 +192,8 @@ TEST(Amx, FusedMlpBitIdenticalToThreeOps) {
           be->linear_packed(act.data(), dn_p.data(), DType::kBF16, nullptr, want.data(), m, hidden, inter);
           ASSERT_TRUE(be->mlp_packed(gu.x.data(), gu_p.data(), dn_p.data(), DType::kBF16, got.data(), m, inter, hidden));
           EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-              << "threads=" << threads << " hidden=" << hidden << " inter=" << inter << " m=" << m;
+              << "threads=" << threads << " hidden=" << hidden << " inter=" << inter << " m=" << m << " "
+              << dtype_name(precision);
         }
       }
     Problem gu(4, 2 * 48, 64, 5), dn(1, 64, 48, 6);

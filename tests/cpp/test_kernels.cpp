@@ -17,6 +17,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/kernels_amx.h"
 #include "cpu/thread_pool.h"
 
 namespace fantai::cpu {
@@ -60,7 +61,12 @@ bool bitwise_equal(const float* a, const float* b, size_t n) { return std::memcm
 
 class Kernels : public ::testing::TestWithParam<Isa> {
  protected:
-  std::shared_ptr<Backend> be(int threads) { return make_cpu_backend(GetParam(), threads); }
+  // precision: Backend::set_matmul_precision (kBF16 changes only the AMX kernels).
+  std::shared_ptr<Backend> be(int threads, DType precision = DType::kF32) {
+    auto b = make_cpu_backend(GetParam(), threads);
+    b->set_matmul_precision(precision);
+    return b;
+  }
 };
 
 // ---- linear ------------------------------------------------------------------------------------
@@ -451,8 +457,11 @@ TEST_P(Kernels, AttentionMatchesReference) {
 
 TEST_P(Kernels, AttentionBatchInvariant) {
   Batch B;
+  for (DType precision : {DType::kF32, DType::kBF16})
   for (const auto& c : attn_cases()) {
-    SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size);
+    if (precision == DType::kBF16 && !be(1, precision)->set_matmul_precision(precision)) break;
+    SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size
+                                      << " matmuls " << dtype_name(precision));
     AttnFixture f(c, B.ctx, 91);
     std::vector<int32_t> cu;
     const auto p = f.params(B.qlen, cu);
@@ -461,13 +470,13 @@ TEST_P(Kernels, AttentionBatchInvariant) {
     auto q = randn(p.num_tokens * q_stride, 92);
     const float scale = 0.125f;
     std::vector<float> full(p.num_tokens * orow), one(full.size());
-    be(2)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, full.data());
-    be(1)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, one.data());
+    be(2, precision)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, full.data());
+    be(1, precision)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, one.data());
     EXPECT_TRUE(bitwise_equal(full.data(), one.data(), full.size())) << "1 vs 2 threads";
 
     // Every query row of sequence 0 (a 20-token prefill) recomputed alone as a decode with the
     // context cut at its position: must be bitwise the row of the batched call.
-    auto b1 = be(1);
+    auto b1 = be(1, precision);
     for (int j = 0; j < B.qlen[0]; ++j) {
       std::vector<int32_t> ctx1 = {j + 1};
       AttentionParams p1 = p;
@@ -516,6 +525,62 @@ TEST_P(Kernels, AttentionBatchInvariant) {
       EXPECT_TRUE(bitwise_equal(o.data(), full.data() + cu[1] * orow, orow)) << "decode alone";
     }
   }
+}
+
+// bf16 matmuls (set_matmul_precision(kBF16), AMX tiles on a bf16 cache): Q and the softmax
+// weights rounded to bf16. Against the f32 reference, within the bound of those roundings alone:
+// per (row, head) each score moves by at most e = scale * sum |q - bf16(q)| |k|, so each weight
+// by a factor within exp(+-2E) (E = max over keys); rounding the weights moves the output by at
+// most 2^-9 max|v|. The rounding must also show (else the mode was not on).
+TEST_P(Kernels, AttentionBf16MatmulsWithinRoundingBound) {
+  if (!be(1)->set_matmul_precision(DType::kBF16)) GTEST_SKIP() << "no bf16 matrix unit on this level";
+  Batch B;
+  int ran = 0;
+  for (const auto& c : attn_cases()) {
+    if (c.kv != DType::kBF16 || !amx_attention_supported(c.head_dim, c.block_size)) continue;
+    ++ran;
+    SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size);
+    AttnFixture f(c, B.ctx, 71);
+    std::vector<int32_t> cu;
+    const auto p = f.params(B.qlen, cu);
+    const int hd = c.head_dim, nh = f.nq_heads;
+    const int64_t q_stride = static_cast<int64_t>(nh) * hd;
+    auto q = randn(p.num_tokens * q_stride, 81);
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    std::vector<float> got(p.num_tokens * q_stride), want(got.size());
+    be(2, DType::kBF16)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, nh, scale, got.data());
+    ref::attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, nh, scale, want.data());
+    const auto* kb = reinterpret_cast<const uint16_t*>(f.kc.data());
+    const auto* vb = reinterpret_cast<const uint16_t*>(f.vc.data());
+    double max_err = 0;
+    for (int s = 0; s < p.num_seqs; ++s)
+      for (int j = 0; j < B.qlen[s]; ++j) {
+        const int row = cu[s] + j, pos = B.ctx[s] - B.qlen[s] + j;
+        for (int h = 0; h < nh; ++h) {
+          const int g = h / c.group;
+          const float* qr = q.data() + row * q_stride + h * hd;
+          double E = 0, vmax = 0;
+          for (int t = 0; t <= pos; ++t) {
+            const int64_t r = (static_cast<int64_t>(f.tables[s * f.max_blocks + t / c.block_size]) * c.num_kv_heads + g) *
+                                  c.block_size + t % c.block_size;
+            double e = 0;
+            for (int d = 0; d < hd; ++d) {
+              e += std::fabs(qr[d] - bf16_to_f32(f32_to_bf16(qr[d]))) * std::fabs(bf16_to_f32(kb[r * hd + d]));
+              vmax = std::max(vmax, std::fabs(static_cast<double>(bf16_to_f32(vb[r * hd + d]))));
+            }
+            E = std::max(E, scale * e);
+          }
+          const double bound = std::expm1(2 * E) * vmax * (1 + std::ldexp(1.0, -9)) + std::ldexp(1.0, -9) * vmax + 1e-5;
+          for (int d = 0; d < hd; ++d) {
+            const double err = std::fabs(got[row * q_stride + h * hd + d] - want[row * q_stride + h * hd + d]);
+            ASSERT_LE(err, bound) << "seq " << s << " row " << j << " head " << h << " d " << d;
+            max_err = std::max(max_err, err);
+          }
+        }
+      }
+    EXPECT_GT(max_err, 1e-4) << "bf16 matmuls equal f32: were Q and P rounded?";
+  }
+  EXPECT_GT(ran, 0);
 }
 
 TEST_P(Kernels, AttentionRejectsBadInput) {

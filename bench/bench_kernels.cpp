@@ -505,6 +505,8 @@ double par_best(int T, int reps, const std::function<void(int)>& fn) {
 
 // The same bf16 linear packed by the backend (AMX tiles where usable: FANTAI_AMX=0 or no AMX
 // prints nothing), with its share of the tdpbf16ps peak of this many threads.
+bool g_bf16_matmuls = false;  // --matmul-precision bfloat16 took effect
+
 void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   if (b.dense_packed_bytes(DType::kBF16, n, k) == 0) return;
   static double peak = 0;  // GFLOP/s, measured once
@@ -529,9 +531,11 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
                 static_cast<long long>(n), static_cast<long long>(k));
   const double flops = 2.0 * m * n * k;
   report(name, us, flops, static_cast<double>(bytes) + 4.0 * (m * k + m * n));
-  // Each output needs two tile products (hi and lo halves of x): the useful rate is half the issued one.
-  if (peak > 0) std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (2 products per MAC)\n", "",
-                            100.0 * 2 * flops / us * 1e-3 / peak, peak);
+  // Each output needs two tile products (hi and lo halves of x) unless activations are rounded to
+  // bf16 (--matmul-precision bfloat16): the useful rate is half, or all, of the issued one.
+  const int parts = g_bf16_matmuls ? 1 : 2;
+  if (peak > 0) std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (%d product%s per MAC)\n", "",
+                            100.0 * parts * flops / us * 1e-3 / peak, peak, parts, parts > 1 ? "s" : "");
 }
 
 // Decode's weight stream on AMX: one row through a model's worth of packed bf16 matrices (30
@@ -633,7 +637,7 @@ double dram_bandwidth_gbs(int) { return 0; }
 int main(int argc, char** argv) {
   int threads = 0;
   cpu::Isa isa = cpu::active_isa();
-  std::string only;
+  std::string only, precision = "float32";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -641,15 +645,18 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) g_min_ms = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
+    else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-                           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time]\n", argv[0]);
+                           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time] "
+                           "[--matmul-precision float32|bfloat16]\n", argv[0]);
       return 2;
     }
   }
   auto b = cpu::make_cpu_backend(isa, threads);
-  std::printf("cpu backend: isa=%s (detected %s) threads=%d\n", cpu::isa_name(isa),
-              cpu::isa_name(cpu::detected_isa()), b->num_threads());
+  g_bf16_matmuls = b->set_matmul_precision(dtype_from_name(precision));
+  std::printf("cpu backend: isa=%s (detected %s) threads=%d matmuls=%s\n", cpu::isa_name(isa),
+              cpu::isa_name(cpu::detected_isa()), b->num_threads(), g_bf16_matmuls ? "bfloat16" : "float32");
   auto want = [&](const char* what) { return only.empty() || only == what; };
   if (want("probe")) {
     probes(b->num_threads());

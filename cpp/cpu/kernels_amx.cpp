@@ -191,6 +191,51 @@ FA_INLINE void run_sweep(int set, bool two, const uint16_t* hi, const uint16_t* 
   }
 }
 
+// bf16 activations (no lo), two row tiles at once: C tiles 0/1 = row tile 0 x blocks (w0, w1),
+// 2/3 = row tile 1 x the same blocks, so each weight tile loaded serves two products (the one-row
+// sweep loads three tiles per two products and was load bound). A sweep's outputs are stored
+// after it, the tile unit drained: no tile is left to pipeline them as the one-row sweeps do.
+template <bool TWO>
+FA_INLINE void sweep_rows2(const uint16_t* h0, const uint16_t* h1, int64_t ldx_bytes, const uint8_t* w0,
+                           const uint8_t* w1, int64_t k0, int64_t k1, const float* init0, const float* init1,
+                           bool stream, Epilogue* epi0, Epilogue* epi1, const float* c0, const float* c1) {
+  if (init0) {
+    _tile_loadd(0, init0, 32 * 4);
+    if constexpr (TWO) _tile_loadd(1, init0 + 16, 32 * 4);
+    _tile_loadd(2, init1, 32 * 4);
+    if constexpr (TWO) _tile_loadd(3, init1 + 16, 32 * 4);
+  } else {
+    _tile_zero(0);
+    _tile_zero(2);
+    if constexpr (TWO) {
+      _tile_zero(1);
+      _tile_zero(3);
+    }
+  }
+  for (int64_t kb = k0; kb < k1; ++kb) {
+    _tile_loadd(4, h0 + kb * 32, ldx_bytes);
+    if (stream) _tile_stream_loadd(6, w0 + kb * kTileBytes, 64);
+    else _tile_loadd(6, w0 + kb * kTileBytes, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(5, h1 + kb * 32, ldx_bytes);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (TWO) {
+      if (stream) _tile_stream_loadd(7, w1 + kb * kTileBytes, 64);
+      else _tile_loadd(7, w1 + kb * kTileBytes, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    if (epi0) {
+      epi0->step(c0);
+      epi1->step(c1);
+    }
+  }
+  if constexpr (!TWO) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+}
+
 }  // namespace
 
 bool amx_usable() {
@@ -277,7 +322,58 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   const Out* prev = nullptr;
   int set = 0;
   const int64_t block_bytes = kt * kTileBytes;
-  for (int64_t r = r0; r < r1; r += 16) {
+  // bf16 activations: row tiles in pairs (the last one alone, below). Same k order per element,
+  // so a row's bits do not depend on which path or pair it took.
+  int64_t r_one = r0;
+  if (!lo && r1 - r0 >= 32) {
+    alignas(64) float c2[2][16 * 32];
+    alignas(64) float part2[2][kGroup][16 * 32];
+    Epilogue epis[2];
+    Epilogue* const e0 = act ? &epis[0] : nullptr;
+    Epilogue* const e1 = act ? &epis[1] : nullptr;
+    for (; r1 - r_one >= 32; r_one += 32) {
+      const int64_t r = r_one;
+      const uint16_t* h0 = hi + r * kp;
+      const uint16_t* h1 = h0 + 16 * kp;
+      const int rows1 = static_cast<int>(r1 - r - 16 < 16 ? r1 - r - 16 : 16);
+      for (int64_t g0 = b0; g0 < b1; g0 += step * kGroup) {
+        const int64_t g1 = g0 + step * kGroup < b1 ? g0 + step * kGroup : b1;
+        for (int64_t ci = 0; ci < nkc; ++ci) {
+          const int64_t k0 = ci * kc, k1 = k0 + kc < kt ? k0 + kc : kt;
+          const bool last = ci + 1 == nkc;
+          for (int64_t g = g0; g < g1; g += step) {
+            const bool two = act || g + 1 < g1;
+            const uint8_t* w0 = w + g * block_bytes;
+            const uint8_t* w1 = act ? w + (g + half) * block_bytes : w0 + block_bytes;
+            const int64_t j0 = g * 16;
+            float* pt0 = part2[0][(g - g0) / step];
+            float* pt1 = part2[1][(g - g0) / step];
+            if (two) sweep_rows2<true>(h0, h1, kp * 2, w0, w1, k0, k1, ci > 0 ? pt0 : nullptr, pt1, stream, e0, e1, c2[0], c2[1]);
+            else sweep_rows2<false>(h0, h1, kp * 2, w0, nullptr, k0, k1, ci > 0 ? pt0 : nullptr, pt1, stream, e0, e1, c2[0], c2[1]);
+            Out o0, o1;
+            const int cols = static_cast<int>(n - j0 < (two ? 32 : 16) ? n - j0 : (two ? 32 : 16));
+            if (last && act) {
+              o0 = Out{nullptr, act->ld, nullptr, 16, 32, trows, act->hi + r * act->ld + j0, nullptr};
+              o1 = Out{nullptr, act->ld, nullptr, rows1, 32, trows, act->hi + (r + 16) * act->ld + j0, nullptr};
+            } else if (last) {
+              o0 = Out{y + r * ldy + j0, ldy, bias ? bias + j0 : nullptr, 16, cols, trows};
+              o1 = Out{y + (r + 16) * ldy + j0, ldy, bias ? bias + j0 : nullptr, rows1, cols, trows};
+            } else {
+              o0 = Out{pt0, 32, nullptr, trows, 32, trows};
+              o1 = Out{pt1, 32, nullptr, trows, 32, trows};
+            }
+            store_out<0>(o0, c2[0], e0);
+            store_out<1>(o1, c2[1], e1);
+          }
+        }
+      }
+    }
+    if (e0) {
+      e0->finish(c2[0]);
+      e1->finish(c2[1]);
+    }
+  }
+  for (int64_t r = r_one; r < r1; r += 16) {
     const uint16_t* h = hi + r * kp;
     const uint16_t* l = lo ? lo + r * kp : nullptr;
     const int rows = static_cast<int>(r1 - r < 16 ? r1 - r : 16);

@@ -93,7 +93,8 @@ TEST(Amx, LinearMatchesReferenceOnOddShapes) {
 TEST(Amx, Bf16ActivationsMatchReferenceOnRoundedInputs) {
   auto be = amx_backend(2, DType::kBF16), be32 = amx_backend(2);
   SKIP_WITHOUT_AMX(be);
-  for (int64_t m : {1, 17, 64})
+  // m >= 32 runs row tiles in pairs (m = 40: the pair's second tile partial; 200: a pair then one).
+  for (int64_t m : {1, 17, 40, 64, 200})
     for (int64_t k : {64, 100, 576, 1536})
       for (int64_t n : {17, 1536}) {
         Problem p(m, n, k, static_cast<uint32_t>(m * 31 + n * 7 + k));

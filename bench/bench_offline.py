@@ -233,7 +233,8 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
         kw["quantization"] = args.quantization
     if args.dequantize:
         kw["dequantize"] = True
-    llm = LLM(args.model, dtype=dtype, threads=args.threads, seed=args.seed, **kw)
+    llm = LLM(args.model, dtype=dtype, threads=args.threads, seed=args.seed, matmul_precision=args.matmul_precision,
+              **kw)
     load_s = time.perf_counter() - t
     rss_load = current_rss_bytes()
     log(f"fantai {dtype}: loaded in {load_s:.2f} s ({llm.engine.num_blocks} KV blocks, {llm.kv_cache_dtype} KV)")
@@ -268,7 +269,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     log(f"fantai {dtype}: offline {sum(n_out) / wall:.1f} output tok/s")
     return {
         "system": "fantai", "version": getattr(fantai, "__version__", "?"), "build": build, "dtype": dtype,
-        "kv_cache_dtype": llm.kv_cache_dtype,
+        "kv_cache_dtype": llm.kv_cache_dtype, "matmul_precision": llm.matmul_precision,
         "import_s": import_s, "load_s": load_s, "rss_after_load": rss_load,
         "quantization": args.quantization, "dequantize": args.dequantize, "weight_bytes": llm._model.weight_bytes(),
         "ttft_s": median(ttft), "ttft_all_s": ttft,
@@ -393,8 +394,9 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         build = f" (_C {r['build']['so_sha256'][:7]})" if "build" in r else ""
         kv = (f"{fmt(r['kv_util_end'], '.3f')} / {fmt(r['kv_util_mean'], '.3f')}"
               if r["system"] == "fantai" else "–")
+        mm = " (bf16 matmuls)" if r.get("matmul_precision") == "bfloat16" else ""
         lines.append(
-            f"| {names[r['system']]} {r.get('version', '')}{build} | {r['dtype']} "
+            f"| {names[r['system']]} {r.get('version', '')}{build}{mm} | {r['dtype']} "
             f"| {fmt(r['offline_output_tok_s'], '.1f')} | {fmt(r['offline_total_tok_s'], '.0f')} "
             f"| {fmt(r['decode_tok_s'], '.1f')} | {fmt(r['ttft_s'] * 1e3, '.0f')} ms "
             f"| {fmt(r['load_s'], '.2f')} s | {r['peak_rss'] / 1e9:.2f} GB | {kv} "
@@ -480,6 +482,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
                    help="fantai KV cache element type (default: auto, follows the weights)")
     p.add_argument("--enable-prefix-caching", action="store_true", help="fantai prefix caching (default off)")
+    p.add_argument("--matmul-precision", default="float32", choices=["float32", "bfloat16"],
+                   help="fantai's matmul_precision (bfloat16: activations rounded to bf16 on AMX)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
                    help="fantai: online quantization of dense linear weights")

@@ -45,8 +45,14 @@ and, where torch is installed, what its GEMM library (oneDNN, AMX where present)
 4096^3 bf16 matmul and int8 _int_mm: a measured peak for real GEMMs, which the instruction peaks
 (operands kept in registers) are not. Per row: decode GB/s = the model file's tensor bytes (all read once per decoded token;
 the tied embedding is the lm_head) x decode tok/s, as a fraction of the read bandwidth; pp512
-GFLOP/s = 2 x the matmul weights' elements other than the embedding (attention's own FLOPs left
-out, so the figure is a lower bound) x pp512 tok/s, as a fraction of each compute peak.
+matmul GFLOP/s = (2 x the matmul weights' elements other than the embedding, plus attention's
+Q.K^T and P.V under the causal mask, 4 x head_dim x heads x layers x (512 + 1) / 2, +8% on
+SmolLM2-135M: what MFU accounting counts) x pp512 tok/s, as a fraction of each compute peak.
+The JSON's costs keep the two parts apart.
+
+fantai rows: one per --fantai-matmul-precision value (default float32,bfloat16): float32 keeps
+activations f32-grade (exact tokens against an f32 reference), bfloat16 rounds them to bf16 where
+they meet bf16 weights or the bf16 KV cache on AMX, as llama.cpp's own bf16 path does.
 
 Model files: the GGUF given by --model (default: the bundled SmolLM2-135M-Instruct Q4_1), and with
 --bf16 (default on) a bf16 copy of it written by bench/make_gguf.py (cached under --cache-dir), so
@@ -103,7 +109,7 @@ def worker_fantai(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, Any
     build = fantai_build()
     t = time.perf_counter()
     llm = LLM(args.model_path, dtype=args.fantai_dtype, threads=args.threads, seed=0,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, matmul_precision=args.matmul_precision)
     load_s = time.perf_counter() - t
     log(f"fantai: loaded {os.path.basename(args.model_path)} in {load_s:.2f} s")
 
@@ -136,7 +142,9 @@ def worker_fantai(args: argparse.Namespace, wl: dict[str, Any]) -> dict[str, Any
     wall = r["wall_s"]
     n_prompt = sum(len(p) for p in prompts)
     log(f"fantai: offline {n_out / wall:.1f} output tok/s ({r['num_steps']} steps)")
-    return {"system": "fantai", "label": f"fantai {getattr(fantai, '__version__', '')}", "build": build,
+    mm = " (bf16 matmuls)" if llm.matmul_precision == "bfloat16" else ""
+    return {"system": "fantai", "label": f"fantai {getattr(fantai, '__version__', '')}{mm}", "build": build,
+            "matmul_precision": llm.matmul_precision,
             "compute": "/".join(sorted(set(llm._model.weight_formats().values()))), "load_s": load_s,
             "ttft_s": median(ttft), "pp_tok_s": median(pp), "decode_tok_s": median(decode),
             "tg_tok_s": median(tg), "offline_wall_s": wall, "output_tokens": n_out, "prompt_tokens": n_prompt,
@@ -410,16 +418,30 @@ def run_probe(binary: str, threads: int) -> dict[str, float]:
     return peaks
 
 
-def model_costs(path: str) -> dict[str, float]:
-    """Bytes read per decoded token and matmul FLOPs per prefilled token, from the file's tensors."""
+def model_costs(path: str, pp_len: int) -> dict[str, float]:
+    """Bytes read per decoded token, and matmul FLOPs per token of a pp_len-token prefill: the
+    weight matrices' 2 per element, plus attention's Q.K^T and P.V (2 * 2 * head_dim per head
+    and layer for each key a query sees, i + 1 for query i under the causal mask), as MFU
+    accounting counts them."""
     from gguf import GGUFReader
 
+    reader = GGUFReader(path)
     nbytes, flops = 0, 0
-    for t in GGUFReader(path).tensors:
+    for t in reader.tensors:
         nbytes += int(t.n_bytes)
         if len(t.shape) > 1 and t.name != "token_embd.weight":
             flops += 2 * int(t.n_elements)
-    return {"bytes_per_token": nbytes, "prefill_flops_per_token": flops}
+
+    def field(key: str) -> int:
+        f = reader.fields[key]
+        return int(f.parts[f.data[0]][0])
+
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    layers, heads = field(f"{arch}.block_count"), field(f"{arch}.attention.head_count")
+    head_dim = field(f"{arch}.embedding_length") // heads
+    attn = 4 * head_dim * heads * layers * (pp_len + 1) / 2  # mean keys seen: (pp_len + 1) / 2
+    return {"bytes_per_token": nbytes, "prefill_flops_per_token": flops + attn,
+            "prefill_weight_flops_per_token": flops, "prefill_attention_flops_per_token": attn}
 
 
 def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, dict[str, float]],
@@ -429,7 +451,7 @@ def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, di
              ("oneDNN int8 GEMM", "onednn_int8_gops")]
     names = [(n, k) for n, k in names if k in peaks]
     bw = peaks.get("read_gbs")
-    lines = ["| model file | system | decode GB/s | % of read BW " + (f"({bw:.1f} GB/s)" if bw else "") + " | pp512 GFLOP/s | "
+    lines = ["| model file | system | decode GB/s | % of read BW " + (f"({bw:.1f} GB/s)" if bw else "") + " | pp512 matmul GFLOP/s | "
              + " | ".join(f"% of {n} ({peaks[k]:.0f})" for n, k in names) + " |",
              "|" + "---|" * (5 + len(names))]
     for fname, rows in groups:
@@ -485,12 +507,14 @@ def table(groups: list[tuple[str, list[dict[str, Any]]]]) -> str:
             cells = [fmt(r.get(key) * scale if r.get(key) is not None else None, spec) for _, key, spec, scale in COLUMNS]
             lines.append(f"| {fname} | {r['label']} | {r['compute']} | " + " | ".join(cells)
                          + f" | {fmt(r['loadavg_start'], '.1f')}→{fmt(r['loadavg_end'], '.1f')} |")
-        f = next((r for r in rows if r.get("system") == "fantai"), None)
-        for r in rows:
-            if f is None or r.get("system") != "llama.cpp":
-                continue
-            cells = [f"{f[key] / r[key]:.2f}x" if r.get(key) else "–" for _, key, _, _ in COLUMNS]
-            lines.append(f"| {fname} | **fantai / llama.cpp -np {r['parallel']}** | | " + " | ".join(cells) + " | |")
+        for f in (r for r in rows if r.get("system") == "fantai" and "error" not in r):
+            mm = " (bf16 matmuls)" if f.get("matmul_precision") == "bfloat16" else ""
+            for r in rows:
+                if r.get("system") != "llama.cpp" or "error" in r:
+                    continue
+                cells = [f"{f[key] / r[key]:.2f}x" if r.get(key) and f.get(key) else "–" for _, key, _, _ in COLUMNS]
+                lines.append(f"| {fname} | **fantai{mm} / llama.cpp -np {r['parallel']}** | | " + " | ".join(cells)
+                             + " | |")
     return "\n".join(lines)
 
 
@@ -505,6 +529,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-cpp-python", default=None, help="python of a venv with llama-cpp-python")
     p.add_argument("--parallel", default="16,64", help="llama.cpp slot counts (comma-separated)")
     p.add_argument("--fantai-dtype", default="bfloat16")
+    p.add_argument("--fantai-matmul-precision", default="float32,bfloat16",
+                   help="a fantai row per value (comma-separated): float32, and bfloat16 (activations "
+                        "rounded to bf16 on AMX, as llama.cpp's bf16 path does)")
+    p.add_argument("--_matmul_precision", default="float32", dest="matmul_precision", help=argparse.SUPPRESS)
     p.add_argument("--skip-fantai", action="store_true")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)
@@ -581,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         log("peaks: " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
     else:
         log(f"no roofline: {args.probe!r} is not an executable (build with FANTAI_BUILD_TESTS=ON)")
-    costs = {os.path.basename(path): model_costs(path) for path in files}
+    costs = {os.path.basename(path): model_costs(path, args.pp_len) for path in files}
 
     groups: list[tuple[str, list[dict[str, Any]]]] = []
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -594,10 +622,13 @@ def main(argv: list[str] | None = None) -> int:
             rows: list[dict[str, Any]] = []
             groups.append((f"{os.path.basename(path)}", rows))
             if not args.skip_fantai:
-                log(f"fantai on {os.path.basename(path)}")
-                rows.append(run_worker(args, sys.executable, ["--_worker", "fantai", "--fantai-dtype",
-                                                              args.fantai_dtype, *common], wl_path))
-                rows[-1].update(run_startup(args, sys.executable, "fantai-start", common, wl_path))
+                for i, mm in enumerate(x.strip() for x in args.fantai_matmul_precision.split(",") if x.strip()):
+                    log(f"fantai on {os.path.basename(path)}, {mm} matmuls")
+                    rows.append(run_worker(args, sys.executable, ["--_worker", "fantai", "--fantai-dtype",
+                                                                  args.fantai_dtype, "--_matmul_precision", mm,
+                                                                  *common], wl_path))
+                    if i == 0:  # start-up does not depend on it
+                        rows[-1].update(run_startup(args, sys.executable, "fantai-start", common, wl_path))
             if lcpp:
                 for n in (int(x) for x in args.parallel.split(",") if x.strip()):
                     log(f"llama.cpp -np {n} on {os.path.basename(path)}")

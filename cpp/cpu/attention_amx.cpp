@@ -55,6 +55,25 @@ FA_INLINE __m512 widen(__m256bh b) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(b)), 16));
 }
 
+// exp(d) for d <= 0, -inf (and anything under -87.3) giving exactly 0, to ~1e-5 relative: for
+// the bf16-activation form, whose softmax weights are rounded to bf16 (2^-9) right after. One
+// ln2 constant, a degree-5 polynomial and vscalefps: 12 operations against VT::exp_nonpos's 19.
+FA_INLINE __m512 exp_nonpos_bf16(__m512 d) {
+  const __m512 lo = _mm512_set1_ps(-87.33654f);
+  const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ);
+  const __m512 x = _mm512_max_ps(d, lo);
+  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693147180559945f), x);  // |r| <= ln2 / 2
+  __m512 p = _mm512_set1_ps(1.f / 120);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_maskz_scalef_ps(keep, p, fx);
+}
+
 // In-register transpose of 16 rows of 16 dwords.
 FA_INLINE void transpose16(__m512 r[16]) {
   __m512 t[16];
@@ -205,6 +224,8 @@ namespace {
 template <int QS, int PS>
 void attention_tiles(const AttnItem& a, float* scratch) {
   constexpr int kSplits = QS, kPSplits = PS;
+  // One bf16 part of P: the shorter exp is exact enough (every row and layout uses the same one).
+  const auto exp_p = [](__m512 d) { return PS == 1 ? exp_nonpos_bf16(d) : VT::exp_nonpos(d); };
   const int G = a.group, hd = a.head_dim, bs = a.block_size;
   const int nh = a.num_q * G;
   const Scratch S(scratch, hd);
@@ -283,26 +304,33 @@ void attention_tiles(const AttnItem& a, float* scratch) {
       const float* st = S.st + c * 256;
       __m512 p[16];
       __m512 m = mx;
-      for (int j = 0; j < kKeys; ++j) {
-        const __mmask16 see = _mm512_cmp_epi32_mask(_mm512_set1_epi32(start + j), posv, _MM_CMPINT_LE);
-        p[j] = _mm512_mask_mul_ps(ninf, see, _mm512_load_ps(st + 16 * j), scale);
-        m = _mm512_max_ps(m, p[j]);
+      if (start + kKeys - 1 <= pos[0]) {  // every lane sees every key: the same values, unmasked
+        for (int j = 0; j < kKeys; ++j) {
+          p[j] = _mm512_mul_ps(_mm512_load_ps(st + 16 * j), scale);
+          m = _mm512_max_ps(m, p[j]);
+        }
+      } else {
+        for (int j = 0; j < kKeys; ++j) {
+          const __mmask16 see = _mm512_cmp_epi32_mask(_mm512_set1_epi32(start + j), posv, _MM_CMPINT_LE);
+          p[j] = _mm512_mask_mul_ps(ninf, see, _mm512_load_ps(st + 16 * j), scale);
+          m = _mm512_max_ps(m, p[j]);
+        }
       }
       pf.next(lines);
-      const __m512 corr = VT::exp_nonpos(_mm512_sub_ps(mx, m));
+      const __m512 corr = exp_p(_mm512_sub_ps(mx, m));
       if (rows_path) {
         // Few rows: transpose first, then one exp and one sum per row (lanes = keys).
         transpose16(p);
         alignas(64) float mrow[16], srow[16] = {};
         _mm512_store_ps(mrow, m);
         for (int n = 0; n < rows; ++n) {
-          p[n] = VT::exp_nonpos(_mm512_sub_ps(p[n], _mm512_set1_ps(mrow[n])));
+          p[n] = exp_p(_mm512_sub_ps(p[n], _mm512_set1_ps(mrow[n])));
           srow[n] = key_sum(p[n]);
         }
         if (rows & 1) p[rows] = _mm512_setzero_ps();
         l = _mm512_fmadd_ps(l, corr, _mm512_load_ps(srow));
       } else {
-        for (int j = 0; j < kKeys; ++j) p[j] = VT::exp_nonpos(_mm512_sub_ps(p[j], m));
+        for (int j = 0; j < kKeys; ++j) p[j] = exp_p(_mm512_sub_ps(p[j], m));
         l = _mm512_fmadd_ps(l, corr, lane_sum(p));
         transpose16(p);
       }

@@ -180,7 +180,8 @@ class CpuBackend final : public Backend {
     uint16_t *hi, *lo;
     split_packed(x, m, 2 * inter, hidden, &hi, &lo);
     const size_t need = static_cast<size_t>(amx_m_pad(m) * inter) + 32;
-    if (amx_act_hi_.size() < need) amx_act_hi_.resize(need), amx_act_lo_.resize(need);
+    if (amx_act_hi_.size() < need) amx_act_hi_.resize(need);
+    if (!bf16_act_ && amx_act_lo_.size() < need) amx_act_lo_.resize(need);  // bf16 activations: no lo
     const AmxActOut act{aligned64(amx_act_hi_), bf16_act_ ? nullptr : aligned64(amx_act_lo_), inter};
     run_packed(hi, lo, m, hidden, gate_up, 2 * inter, nullptr, nullptr, &act);
     run_packed(act.hi, act.lo, m, inter, down, hidden, nullptr, out, nullptr);
@@ -200,7 +201,8 @@ class CpuBackend final : public Backend {
     const int64_t kp = amx_k_pad(k), mp = amx_m_pad(m);
     // Grow-only scratch: a fresh zeroed vector per call cost a memset of both halves per linear.
     const size_t need = static_cast<size_t>(mp * kp) + 32;
-    if (amx_hi_.size() < need) amx_hi_.resize(need), amx_lo_.resize(need);
+    if (amx_hi_.size() < need) amx_hi_.resize(need);
+    if (!bf16_act_ && amx_lo_.size() < need) amx_lo_.resize(need);
     uint16_t* const hi = aligned64(amx_hi_);
     uint16_t* const lo = bf16_act_ ? nullptr : aligned64(amx_lo_);
     const bool whole = m * n * k < kParallelMinWork || pool_.size() == 1;

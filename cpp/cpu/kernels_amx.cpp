@@ -322,6 +322,37 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   const Out* prev = nullptr;
   int set = 0;
   const int64_t block_bytes = kt * kTileBytes;
+  // One sweep's place: its blocks, its k chunk, and its slot in the group's partial sums.
+  struct Sweep {
+    bool two, last, first;  // two blocks; the last k chunk (outputs final); the first (start at 0)
+    const uint8_t *w0, *w1;
+    int64_t j0, k0, k1, slot;
+  };
+  // Every path visits the sweeps of a row range in this one order: block groups, k chunks, blocks.
+  auto for_each_sweep = [&](auto&& f) {
+    for (int64_t g0 = b0; g0 < b1; g0 += step * kGroup) {
+      const int64_t g1 = g0 + step * kGroup < b1 ? g0 + step * kGroup : b1;
+      for (int64_t ci = 0; ci < nkc; ++ci) {
+        const int64_t k0 = ci * kc, k1 = k0 + kc < kt ? k0 + kc : kt;
+        for (int64_t g = g0; g < g1; g += step) {
+          const uint8_t* w0 = w + g * block_bytes;
+          f(Sweep{act || g + 1 < g1, ci + 1 == nkc, ci == 0, w0,
+                  act ? w + (g + half) * block_bytes : w0 + block_bytes, g * 16, k0, k1, (g - g0) / step});
+        }
+      }
+    }
+  };
+  // Where a sweep of row tile r (rows live rows) puts its tile pair: the MLP's activation halves,
+  // y, or (k chunks before the last) the partial sums pt.
+  auto out_for = [&](const Sweep& s, int64_t r, int rows, float* pt) {
+    if (s.last && act)
+      return Out{nullptr, act->ld, nullptr, rows, 32, trows, act->hi + r * act->ld + s.j0,
+                 act->lo ? act->lo + r * act->ld + s.j0 : nullptr};
+    if (s.last)
+      return Out{y + r * ldy + s.j0, ldy, bias ? bias + s.j0 : nullptr, rows,
+                 static_cast<int>(n - s.j0 < (s.two ? 32 : 16) ? n - s.j0 : (s.two ? 32 : 16)), trows};
+    return Out{pt, 32, nullptr, trows, 32, trows};
+  };
   // bf16 activations: row tiles in pairs (the last one alone, below). Same k order per element,
   // so a row's bits do not depend on which path or pair it took.
   int64_t r_one = r0;
@@ -336,37 +367,15 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
       const uint16_t* h0 = hi + r * kp;
       const uint16_t* h1 = h0 + 16 * kp;
       const int rows1 = static_cast<int>(r1 - r - 16 < 16 ? r1 - r - 16 : 16);
-      for (int64_t g0 = b0; g0 < b1; g0 += step * kGroup) {
-        const int64_t g1 = g0 + step * kGroup < b1 ? g0 + step * kGroup : b1;
-        for (int64_t ci = 0; ci < nkc; ++ci) {
-          const int64_t k0 = ci * kc, k1 = k0 + kc < kt ? k0 + kc : kt;
-          const bool last = ci + 1 == nkc;
-          for (int64_t g = g0; g < g1; g += step) {
-            const bool two = act || g + 1 < g1;
-            const uint8_t* w0 = w + g * block_bytes;
-            const uint8_t* w1 = act ? w + (g + half) * block_bytes : w0 + block_bytes;
-            const int64_t j0 = g * 16;
-            float* pt0 = part2[0][(g - g0) / step];
-            float* pt1 = part2[1][(g - g0) / step];
-            if (two) sweep_rows2<true>(h0, h1, kp * 2, w0, w1, k0, k1, ci > 0 ? pt0 : nullptr, pt1, stream, e0, e1, c2[0], c2[1]);
-            else sweep_rows2<false>(h0, h1, kp * 2, w0, nullptr, k0, k1, ci > 0 ? pt0 : nullptr, pt1, stream, e0, e1, c2[0], c2[1]);
-            Out o0, o1;
-            const int cols = static_cast<int>(n - j0 < (two ? 32 : 16) ? n - j0 : (two ? 32 : 16));
-            if (last && act) {
-              o0 = Out{nullptr, act->ld, nullptr, 16, 32, trows, act->hi + r * act->ld + j0, nullptr};
-              o1 = Out{nullptr, act->ld, nullptr, rows1, 32, trows, act->hi + (r + 16) * act->ld + j0, nullptr};
-            } else if (last) {
-              o0 = Out{y + r * ldy + j0, ldy, bias ? bias + j0 : nullptr, 16, cols, trows};
-              o1 = Out{y + (r + 16) * ldy + j0, ldy, bias ? bias + j0 : nullptr, rows1, cols, trows};
-            } else {
-              o0 = Out{pt0, 32, nullptr, trows, 32, trows};
-              o1 = Out{pt1, 32, nullptr, trows, 32, trows};
-            }
-            store_out<0>(o0, c2[0], e0);
-            store_out<1>(o1, c2[1], e1);
-          }
-        }
-      }
+      for_each_sweep([&](const Sweep& s) {
+        float* pt0 = part2[0][s.slot];
+        float* pt1 = part2[1][s.slot];
+        const float* init0 = s.first ? nullptr : pt0;
+        if (s.two) sweep_rows2<true>(h0, h1, kp * 2, s.w0, s.w1, s.k0, s.k1, init0, pt1, stream, e0, e1, c2[0], c2[1]);
+        else sweep_rows2<false>(h0, h1, kp * 2, s.w0, nullptr, s.k0, s.k1, init0, pt1, stream, e0, e1, c2[0], c2[1]);
+        store_out<0>(out_for(s, r, 16, pt0), c2[0], e0);
+        store_out<1>(out_for(s, r + 16, rows1, pt1), c2[1], e1);
+      });
     }
     if (e0) {
       e0->finish(c2[0]);
@@ -377,40 +386,22 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
     const uint16_t* h = hi + r * kp;
     const uint16_t* l = lo ? lo + r * kp : nullptr;
     const int rows = static_cast<int>(r1 - r < 16 ? r1 - r : 16);
-    for (int64_t g0 = b0; g0 < b1; g0 += step * kGroup) {
-      const int64_t g1 = g0 + step * kGroup < b1 ? g0 + step * kGroup : b1;
-      for (int64_t ci = 0; ci < nkc; ++ci) {
-        const int64_t k0 = ci * kc, k1 = k0 + kc < kt ? k0 + kc : kt;
-        const bool last = ci + 1 == nkc;
-        for (int64_t g = g0; g < g1; g += step) {
-          const bool two = act || g + 1 < g1;
-          const uint8_t* w0 = w + g * block_bytes;
-          const uint8_t* w1 = act ? w + (g + half) * block_bytes : w0 + block_bytes;
-          const int64_t j0 = g * 16;
-          float* pt = part[(g - g0) / step];
-          const float* init = ci > 0 ? pt : nullptr;
-          // A one-sweep group's pending store is its own partial sums: store before reloading.
-          if (init && prev && prev->y == pt) {
-            if (set == 1) store_out<0>(*prev, c, epi);
-            else store_out<1>(*prev, c, epi);
-            prev = nullptr;
-          }
-          Out& o = pending[set];
-          if (last && act) {
-            o = Out{nullptr, act->ld, nullptr, rows, 32, trows, act->hi + r * act->ld + j0, act->lo ? act->lo + r * act->ld + j0 : nullptr};
-          } else if (last) {
-            o = Out{y + r * ldy + j0, ldy, bias ? bias + j0 : nullptr, rows,
-                    static_cast<int>(n - j0 < (two ? 32 : 16) ? n - j0 : (two ? 32 : 16)), trows};
-          } else {
-            o = Out{pt, 32, nullptr, trows, 32, trows};
-          }
-          if (l) run_sweep<true>(set, two, h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
-          else run_sweep<false>(set, two, h, l, kp * 2, w0, w1, k0, k1, init, prev, c, stream, epi);
-          prev = &o;
-          set ^= 1;
-        }
+    for_each_sweep([&](const Sweep& s) {
+      float* pt = part[s.slot];
+      const float* init = s.first ? nullptr : pt;
+      // A one-sweep group's pending store is its own partial sums: store before reloading.
+      if (init && prev && prev->y == pt) {
+        if (set == 1) store_out<0>(*prev, c, epi);
+        else store_out<1>(*prev, c, epi);
+        prev = nullptr;
       }
-    }
+      Out& o = pending[set];
+      o = out_for(s, r, rows, pt);
+      if (l) run_sweep<true>(set, s.two, h, l, kp * 2, s.w0, s.w1, s.k0, s.k1, init, prev, c, stream, epi);
+      else run_sweep<false>(set, s.two, h, l, kp * 2, s.w0, s.w1, s.k0, s.k1, init, prev, c, stream, epi);
+      prev = &o;
+      set ^= 1;
+    });
   }
   if (prev) {
     if (set == 1) store_out<0>(*prev, c, epi);

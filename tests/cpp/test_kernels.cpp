@@ -291,6 +291,12 @@ struct AttnFixture {
     }
   }
 
+  // The cache row (slot x KV head) of sequence s's key t for KV head g.
+  int64_t kv_row(int s, int t, int g) const {
+    return (static_cast<int64_t>(tables[s * max_blocks + t / c.block_size]) * c.num_kv_heads + g) * c.block_size +
+           t % c.block_size;
+  }
+
   AttentionParams params(const std::vector<int32_t>& qlen, std::vector<int32_t>& cu) const {
     AttentionParams p;
     p.num_seqs = static_cast<int32_t>(qlen.size());
@@ -416,8 +422,7 @@ TEST_P(Kernels, Int8AttentionWithinQuantizationBound) {
           double ql1 = 0, E = 0, vmax = 0, vs = 0;
           for (int d = 0; d < hd; ++d) ql1 += std::fabs(q[row * q_stride + h * hd + d]);
           for (int t = 0; t <= pos; ++t) {
-            const int64_t r = (static_cast<int64_t>(f8.tables[s * f8.max_blocks + t / c.block_size]) * c.num_kv_heads + g) *
-                                  c.block_size + t % c.block_size;
+            const int64_t r = f8.kv_row(s, t, g);
             E = std::max(E, scale * ql1 * ksc[r] / 2);
             vs = std::max(vs, vsc[r] / 2.0);
             for (int d = 0; d < hd; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(vf[r * hd + d])));
@@ -562,8 +567,7 @@ TEST_P(Kernels, AttentionBf16MatmulsWithinRoundingBound) {
           const float* qr = q.data() + row * q_stride + h * hd;
           double E = 0, vmax = 0;
           for (int t = 0; t <= pos; ++t) {
-            const int64_t r = (static_cast<int64_t>(f.tables[s * f.max_blocks + t / c.block_size]) * c.num_kv_heads + g) *
-                                  c.block_size + t % c.block_size;
+            const int64_t r = f.kv_row(s, t, g);
             double e = 0;
             for (int d = 0; d < hd; ++d) {
               e += std::fabs(qr[d] - bf16_to_f32(f32_to_bf16(qr[d]))) * std::fabs(bf16_to_f32(kb[r * hd + d]));

@@ -390,55 +390,76 @@ std::vector<AttnCase> attn_cases() {
           {32, 8, 1, 16, DType::kBF16}};
 }
 
+// The largest error and the largest error / bound seen by attention_within_bound.
+struct BoundCheck {
+  double max_err = 0, worst = 0;
+};
+
+// Attention on backend b over f's cache against the reference over ref's (the same K/V values and
+// block tables, possibly in another dtype), random queries of Batch B, scale 1 / sqrt(head_dim).
+// For every (sequence s, query at position pos, head h) bound(s, pos, kv head, q row) gives the
+// allowed error of each of that row's outputs; every output is asserted within it.
+template <typename Bound>
+BoundCheck attention_within_bound(Backend& b, const AttnFixture& f, const AttnFixture& ref_f, uint32_t seed,
+                                  Bound&& bound) {
+  Batch B;
+  std::vector<int32_t> cu;
+  const auto p = f.params(B.qlen, cu);
+  const int hd = f.c.head_dim, nh = f.nq_heads;
+  const int64_t q_stride = static_cast<int64_t>(nh) * hd;
+  const auto q = randn(p.num_tokens * q_stride, seed);
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> got(p.num_tokens * q_stride), want(got.size());
+  b.attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, nh, scale, got.data());
+  ref::attention(q.data(), q_stride, ref_f.kc.data(), ref_f.vc.data(), ref_f.L, p, nh, scale, want.data());
+  BoundCheck out;
+  for (int s = 0; s < p.num_seqs; ++s)
+    for (int j = 0; j < B.qlen[s]; ++j) {
+      const int row = cu[s] + j, pos = B.ctx[s] - B.qlen[s] + j;
+      for (int h = 0; h < nh; ++h) {
+        const double lim = bound(s, pos, h / f.c.group, q.data() + row * q_stride + h * hd, scale);
+        for (int d = 0; d < hd; ++d) {
+          const double err = std::fabs(got[row * q_stride + h * hd + d] - want[row * q_stride + h * hd + d]);
+          EXPECT_LE(err, lim) << "seq " << s << " row " << j << " head " << h << " d " << d;
+          if (!(err <= lim)) return out;
+          out.max_err = std::max(out.max_err, err);
+          out.worst = std::max(out.worst, err / lim);
+        }
+      }
+    }
+  return out;
+}
+
 // int8 attention against the f32 reference on the unquantized K/V: within a bound derived from
 // the rounding alone. Per (row, head): each score moves by at most e = scale * sum|q| * s_k / 2,
 // so each softmax weight by a factor within exp(+-2 E) (E = max over keys), and each value by
 // s_v / 2: |dout| <= (exp(2E) - 1) * max|v| + max s_v / 2.
 TEST_P(Kernels, Int8AttentionWithinQuantizationBound) {
-  Batch B;
   for (const AttnCase c : {AttnCase{64, 3, 3, 16, DType::kI8}, AttnCase{96, 4, 2, 8, DType::kI8}}) {
+    Batch B;
     AttnFixture f8(c, B.ctx, 33);
     AttnCase c32 = c;
     c32.kv = DType::kF32;
     AttnFixture f32(c32, B.ctx, 33);  // same seed: same K/V values and block tables
-    std::vector<int32_t> cu;
-    const auto p = f8.params(B.qlen, cu);
-    const int hd = c.head_dim, nh = f8.nq_heads;
-    const int64_t q_stride = static_cast<int64_t>(nh) * hd;
-    auto q = randn(p.num_tokens * q_stride, 34);
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-    std::vector<float> got(p.num_tokens * q_stride), want(got.size());
-    be(2)->attention(q.data(), q_stride, f8.kc.data(), f8.vc.data(), f8.L, p, nh, scale, got.data());
-    ref::attention(q.data(), q_stride, f32.kc.data(), f32.vc.data(), f32.L, p, nh, scale, want.data());
     const auto* ksc = reinterpret_cast<const float*>(f8.kc.data() + f8.L.scales_offset());
     const auto* vsc = reinterpret_cast<const float*>(f8.vc.data() + f8.L.scales_offset());
     const auto* vf = reinterpret_cast<const float*>(f32.vc.data());
-    double worst = 0, max_err = 0;
-    for (int s = 0; s < p.num_seqs; ++s)
-      for (int j = 0; j < B.qlen[s]; ++j) {
-        const int row = cu[s] + j, pos = B.ctx[s] - B.qlen[s] + j;
-        for (int h = 0; h < nh; ++h) {
-          const int g = h / c.group;
-          double ql1 = 0, E = 0, vmax = 0, vs = 0;
-          for (int d = 0; d < hd; ++d) ql1 += std::fabs(q[row * q_stride + h * hd + d]);
-          for (int t = 0; t <= pos; ++t) {
-            const int64_t r = f8.kv_row(s, t, g);
-            E = std::max(E, scale * ql1 * ksc[r] / 2);
-            vs = std::max(vs, vsc[r] / 2.0);
-            for (int d = 0; d < hd; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(vf[r * hd + d])));
-          }
-          const double bound = std::expm1(2 * E) * vmax + vs + 1e-5;
-          for (int d = 0; d < hd; ++d) {
-            const double err = std::fabs(got[row * q_stride + h * hd + d] - want[row * q_stride + h * hd + d]);
-            ASSERT_LE(err, bound) << "seq " << s << " row " << j << " head " << h << " d " << d;
-            worst = std::max(worst, err / bound);
-            max_err = std::max(max_err, err);
-          }
-        }
+    const int hd = c.head_dim;
+    const BoundCheck r = attention_within_bound(*be(2), f8, f32, 34,
+                                                [&](int s, int pos, int g, const float* qr, float scale) {
+      double ql1 = 0, E = 0, vmax = 0, vs = 0;
+      for (int d = 0; d < hd; ++d) ql1 += std::fabs(qr[d]);
+      for (int t = 0; t <= pos; ++t) {
+        const int64_t row = f8.kv_row(s, t, g);
+        E = std::max(E, scale * ql1 * ksc[row] / 2);
+        vs = std::max(vs, vsc[row] / 2.0);
+        for (int d = 0; d < hd; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(vf[row * hd + d])));
       }
+      return std::expm1(2 * E) * vmax + vs + 1e-5;
+    });
     // The bound is loose but must not be vacuous: quantization does move the outputs.
-    EXPECT_GT(max_err, 1e-4) << "int8 attention equals f32: was the cache quantized?";
-    RecordProperty("worst_error_over_bound", std::to_string(worst));
+    EXPECT_GT(r.max_err, 1e-4) << "int8 attention equals f32: was the cache quantized?";
+    RecordProperty("worst_error_over_bound", std::to_string(r.worst));
   }
 }
 
@@ -540,52 +561,31 @@ TEST_P(Kernels, AttentionBatchInvariant) {
 // show (else the mode was not on).
 TEST_P(Kernels, AttentionBf16MatmulsWithinRoundingBound) {
   if (!be(1)->set_matmul_precision(DType::kBF16)) GTEST_SKIP() << "no bf16 matrix unit on this level";
-  Batch B;
   int ran = 0;
   for (const auto& c : attn_cases()) {
     if (c.kv != DType::kBF16 || !amx_attention_supported(c.head_dim, c.block_size)) continue;
     ++ran;
     SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size);
-    AttnFixture f(c, B.ctx, 71);
-    std::vector<int32_t> cu;
-    const auto p = f.params(B.qlen, cu);
-    const int hd = c.head_dim, nh = f.nq_heads;
-    const int64_t q_stride = static_cast<int64_t>(nh) * hd;
-    auto q = randn(p.num_tokens * q_stride, 81);
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-    std::vector<float> got(p.num_tokens * q_stride), want(got.size());
-    be(2, DType::kBF16)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, nh, scale, got.data());
-    ref::attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, nh, scale, want.data());
+    AttnFixture f(c, Batch{}.ctx, 71);
     const auto* kb = reinterpret_cast<const uint16_t*>(f.kc.data());
     const auto* vb = reinterpret_cast<const uint16_t*>(f.vc.data());
-    double max_err = 0;
-    for (int s = 0; s < p.num_seqs; ++s)
-      for (int j = 0; j < B.qlen[s]; ++j) {
-        const int row = cu[s] + j, pos = B.ctx[s] - B.qlen[s] + j;
-        for (int h = 0; h < nh; ++h) {
-          const int g = h / c.group;
-          const float* qr = q.data() + row * q_stride + h * hd;
-          double E = 0, vmax = 0;
-          for (int t = 0; t <= pos; ++t) {
-            const int64_t r = f.kv_row(s, t, g);
-            double e = 0;
-            for (int d = 0; d < hd; ++d) {
-              e += std::fabs(qr[d] - bf16_to_f32(f32_to_bf16(qr[d]))) * std::fabs(bf16_to_f32(kb[r * hd + d]));
-              vmax = std::max(vmax, std::fabs(static_cast<double>(bf16_to_f32(vb[r * hd + d]))));
-            }
-            E = std::max(E, scale * e);
-          }
-          // (+ 2^-15 max|v|: the bf16 form's shorter exp, ~1e-5 relative, on the weights.)
-          const double bound = std::expm1(2 * E) * vmax * (1 + std::ldexp(1.0, -9)) +
-                               (std::ldexp(1.0, -9) + std::ldexp(1.0, -15)) * vmax + 1e-5;
-          for (int d = 0; d < hd; ++d) {
-            const double err = std::fabs(got[row * q_stride + h * hd + d] - want[row * q_stride + h * hd + d]);
-            ASSERT_LE(err, bound) << "seq " << s << " row " << j << " head " << h << " d " << d;
-            max_err = std::max(max_err, err);
-          }
+    const int hd = c.head_dim;
+    const BoundCheck r = attention_within_bound(*be(2, DType::kBF16), f, f, 81,
+                                                [&](int s, int pos, int g, const float* qr, float scale) {
+      double E = 0, vmax = 0;
+      for (int t = 0; t <= pos; ++t) {
+        const int64_t row = f.kv_row(s, t, g);
+        double e = 0;
+        for (int d = 0; d < hd; ++d) {
+          e += std::fabs(qr[d] - bf16_to_f32(f32_to_bf16(qr[d]))) * std::fabs(bf16_to_f32(kb[row * hd + d]));
+          vmax = std::max(vmax, std::fabs(static_cast<double>(bf16_to_f32(vb[row * hd + d]))));
         }
+        E = std::max(E, scale * e);
       }
-    EXPECT_GT(max_err, 1e-4) << "bf16 matmuls equal f32: were Q and P rounded?";
+      return std::expm1(2 * E) * vmax * (1 + std::ldexp(1.0, -9)) +
+             (std::ldexp(1.0, -9) + std::ldexp(1.0, -15)) * vmax + 1e-5;
+    });
+    EXPECT_GT(r.max_err, 1e-4) << "bf16 matmuls equal f32: were Q and P rounded?";
   }
   EXPECT_GT(ran, 0);
 }

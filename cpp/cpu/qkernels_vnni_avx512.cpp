@@ -172,40 +172,110 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
   }
 }
 
-// quantize_rows_int8's arithmetic 16 lanes at a time: |x| max (exact in any order), the same
-// scalar d and 127 / max, x * inv in f32, vcvtps2dq under the default round-to-nearest-even mode
-// (what nearbyint does), clamp, and an exact integer sum.
-void quantize_rows(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d, int32_t* s) {
-  const int64_t nb = (k + block - 1) / block, ld = nb * block;
+// Sixteen per-block vectors to one vector of their sixteen reductions, lane b for block b: a
+// tree of 128-bit and 32-bit shuffles (each level halves the vectors and the partials), then one
+// permute for the 4x4 lane order the tree leaves. op is exact in any order (max, integer add).
+template <typename Op>
+FV_INLINE __m512 reduce16(__m512* v, Op op) {
+  for (int i = 0; i < 8; ++i)  // halves: lanes 0-7 block 2i, 8-15 block 2i + 1
+    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+  for (int i = 0; i < 4; ++i)  // 128-bit lane l: block 4i + l
+    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xdd));
+  for (int i = 0; i < 2; ++i)  // lane l, element e: block 8i + 4(e / 2) + l's pair halves
+    v[i] = op(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xee));
+  const __m512 r = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
+  // Element 4l + e now holds block 4e + l.
+  const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(perm, r);
+}
+
+// One block the plain way: for the fewer-than-16 blocks left at a row's end.
+template <int HALVES>
+FV_INLINE void quantize_block(const float* xb, int64_t len, int8_t* qb, float* d, int32_t* s) {
   const __m512 sign = _mm512_set1_ps(-0.f);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + r * k + b * block;
-      int8_t* qb = q + r * ld + b * block;
-      const int64_t len = min64(block, k - b * block);
-      __m512 v[2];
-      const int halves = block / 16;
-      __m512 amax = _mm512_setzero_ps();
-      for (int h = 0; h < halves; ++h) {
-        const int64_t n = min64(16, len - 16 * h);
-        const __mmask16 mk = n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1u);
-        v[h] = _mm512_maskz_loadu_ps(mk, xb + 16 * h);
-        amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v[h]));
-      }
-      const float am = _mm512_reduce_max_ps(amax);
-      const float inv = am > 0.f ? 127.f / am : 0.f;
-      const __m512 vinv = _mm512_set1_ps(inv);
-      __m512i sum = _mm512_setzero_si512();
-      for (int h = 0; h < halves; ++h) {
-        __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], vinv));
-        qi = _mm512_min_epi32(_mm512_max_epi32(qi, lo), hi);
-        sum = _mm512_add_epi32(sum, qi);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16 * h), _mm512_cvtepi32_epi8(qi));
-      }
-      d[r * nb + b] = am / 127.f;
-      s[r * nb + b] = _mm512_reduce_add_epi32(sum);
+  __m512 v[HALVES];
+  __m512 amax = _mm512_setzero_ps();
+  for (int h = 0; h < HALVES; ++h) {
+    const int64_t n = min64(16, len - 16 * h);
+    const __mmask16 mk = n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1u);
+    v[h] = _mm512_maskz_loadu_ps(mk, xb + 16 * h);
+    amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v[h]));
+  }
+  const float am = _mm512_reduce_max_ps(amax);
+  const float inv = am > 0.f ? 127.f / am : 0.f;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  __m512i sum = _mm512_setzero_si512();
+  for (int h = 0; h < HALVES; ++h) {
+    __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], vinv));
+    qi = _mm512_min_epi32(_mm512_max_epi32(qi, lo), hi);
+    sum = _mm512_add_epi32(sum, qi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16 * h), _mm512_cvtepi32_epi8(qi));
+  }
+  *d = am / 127.f;
+  *s = _mm512_reduce_add_epi32(sum);
+}
+
+// Sixteen whole blocks (none past k) at once.
+template <int HALVES>
+FV_INLINE void quantize_16_blocks(const float* xb, int8_t* qb, float* d, int32_t* s) {
+  constexpr int block = 16 * HALVES;
+  const __m512 sign = _mm512_set1_ps(-0.f), c127 = _mm512_set1_ps(127.f);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const auto vmax = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
+  const auto vadd = [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  };
+  alignas(64) float inv[16];
+  __m512 red[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    __m512 amax = _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * block));
+    if constexpr (HALVES == 2) amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * block + 16)));
+    red[j] = amax;
+  }
+  const __m512 am = reduce16(red, vmax);
+  const __mmask16 pos = _mm512_cmp_ps_mask(am, _mm512_setzero_ps(), _CMP_GT_OQ);
+  _mm512_store_ps(inv, _mm512_maskz_div_ps(pos, c127, am));
+  _mm512_storeu_ps(d, _mm512_div_ps(am, c127));
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    const __m512 vinv = _mm512_set1_ps(inv[j]);
+    __m512i sum = _mm512_setzero_si512();
+    for (int h = 0; h < HALVES; ++h) {
+      __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j * block + 16 * h), vinv));
+      qi = _mm512_min_epi32(_mm512_max_epi32(qi, lo), hi);
+      sum = _mm512_add_epi32(sum, qi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + j * block + 16 * h), _mm512_cvtepi32_epi8(qi));
     }
+    red[j] = _mm512_castsi512_ps(sum);
+  }
+  _mm512_storeu_si512(s, _mm512_castps_si512(reduce16(red, vadd)));
+}
+
+// quantize_rows_int8's arithmetic 16 lanes at a time: |x| max (exact in any order), the same d
+// and 127 / max (IEEE division, one lane per block), x * inv in f32, vcvtps2dq under the default
+// round-to-nearest-even mode (what nearbyint does), clamp, and an exact integer sum. Sixteen
+// blocks share each horizontal reduction and division, which cost more than the rest when done
+// one block at a time.
+template <int HALVES>
+void quantize_rows_t(const float* x, int64_t m, int64_t k, int8_t* q, float* d, int32_t* s) {
+  constexpr int block = 16 * HALVES;
+  const int64_t nb = (k + block - 1) / block, ld = nb * block, whole = k / block / 16 * 16;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * k;
+    int8_t* qr = q + r * ld;
+    for (int64_t b = 0; b < whole; b += 16)
+      quantize_16_blocks<HALVES>(xr + b * block, qr + b * block, d + r * nb + b, s + r * nb + b);
+    for (int64_t b = whole; b < nb; ++b)
+      quantize_block<HALVES>(xr + b * block, min64(block, k - b * block), qr + b * block, d + r * nb + b,
+                             s + r * nb + b);
+  }
+}
+
+void quantize_rows(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d, int32_t* s) {
+  if (block == 32) quantize_rows_t<2>(x, m, k, q, d, s);
+  else quantize_rows_t<1>(x, m, k, q, d, s);
 }
 
 #undef FV_INLINE

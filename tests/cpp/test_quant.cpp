@@ -322,7 +322,7 @@ TEST(QuantPanel, Avx512ActivationQuantizationIsBitEqualToTheReference) {
   const cpu::QuantizeRowsFn fast = cpu::avx512_quantize_rows_int8();
   if (!fast || cpu::detected_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU or build";
   for (int32_t block : {16, 32})
-    for (int64_t k : {1, 15, 16, 17, 31, 32, 33, 100, 576}) {
+    for (int64_t k : {1, 15, 16, 17, 31, 32, 33, 100, 576, 1000, 1536}) {
       const int64_t m = 5, nb = (k + block - 1) / block, ld = nb * block;
       std::vector<float> x = randn(static_cast<size_t>(m * k), static_cast<uint32_t>(k * block));
       for (int64_t i = 0; i < k; ++i) x[i] = 0.f;                            // an all-zero row

@@ -40,7 +40,9 @@ Single-stream figures are medians of --repeats.
 Roofline (with --probe, default: build/wheel/bench/bench_kernels when it exists): the machine's
 peaks are measured by bench_kernels --only probe right before the systems run, on --threads
 threads: read bandwidth (512 MB array, mostly DRAM), f32 FMA, vdpbf16ps, AMX tdpbf16ps,
-vpdpbusd and AMX tdpbusd (int8 tiles, which fantai's quantized prefill uses where it has them);
+vpdpbusd and AMX tdpbusd (int8 tiles, which fantai's quantized prefill uses where it has them),
+and the AMX int8 ceiling of a 32-deep block-scaled format (each block's tile product stored and
+folded into f32 with its scales, Q4_1's form: what no exact Q4_1 kernel can pass);
 and, where torch is installed, what its GEMM library (oneDNN, AMX where present) reaches on
 4096^3 bf16 matmul and int8 _int_mm: a measured peak for real GEMMs, which the instruction peaks
 (operands kept in registers) are not. Per row: decode GB/s = the model file's tensor bytes (all read once per decoded token;
@@ -362,7 +364,8 @@ def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path:
 
 PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f32 FMA (zmm)",
           "bf16dot_gflops": "probe peak vdpbf16ps (zmm)", "amx_bf16_gflops": "probe peak AMX tdpbf16ps",
-          "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)", "amx_int8_gops": "probe peak AMX tdpbusd u8*s8"}
+          "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)", "amx_int8_gops": "probe peak AMX tdpbusd u8*s8",
+          "amx_q4_1_gops": "probe AMX int8, 32-blocks + fold (Q4_1 form)"}
 
 
 GEMM_PROBE = r"""
@@ -448,7 +451,7 @@ def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, di
              peaks: dict[str, float]) -> str:
     names = [("f32 FMA", "fma_gflops"), ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
              ("oneDNN bf16 GEMM", "onednn_bf16_gflops"), ("vpdpbusd", "vnni_gops"), ("AMX int8", "amx_int8_gops"),
-             ("oneDNN int8 GEMM", "onednn_int8_gops")]
+             ("oneDNN int8 GEMM", "onednn_int8_gops"), ("AMX Q4_1 blocks", "amx_q4_1_gops")]
     names = [(n, k) for n, k in names if k in peaks]
     bw = peaks.get("read_gbs")
     lines = ["| model file | system | decode GB/s | % of read BW " + (f"({bw:.1f} GB/s)" if bw else "") + " | pp512 matmul GFLOP/s | "

@@ -177,23 +177,34 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
 // permute for the 4x4 lane order the tree leaves. op is exact in any order (max, integer add).
 template <typename Op>
 FV_INLINE __m512 reduce16(__m512* v, Op op) {
-  for (int i = 0; i < 8; ++i)  // halves: lanes 0-7 block 2i, 8-15 block 2i + 1
+  // v[i]: elements 0-7 reduce block 2i, 8-15 block 2i + 1.
+  for (int i = 0; i < 8; ++i)
     v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
-  for (int i = 0; i < 4; ++i)  // 128-bit lane l: block 4i + l
+  // v[i]: 128-bit lane l reduces block 4i + l.
+  for (int i = 0; i < 4; ++i)
     v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xdd));
-  for (int i = 0; i < 2; ++i)  // lane l, element e: block 8i + 4(e / 2) + l's pair halves
+  // v[i]: in lane l, elements 0-1 reduce block 8i + l, elements 2-3 block 8i + 4 + l.
+  for (int i = 0; i < 2; ++i)
     v[i] = op(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xee));
+  // Element 4l + e: block 4e + l.
   const __m512 r = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
-  // Element 4l + e now holds block 4e + l.
   const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(perm, r);
+}
+
+// 16 values to int8 with the block's 127 / max: rounded to nearest even, clamped, stored; the
+// int32 values are returned for the block's sum.
+FV_INLINE __m512i quantize16(__m512 v, __m512 vinv, int8_t* out) {
+  __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v, vinv));
+  qi = _mm512_min_epi32(_mm512_max_epi32(qi, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(qi));
+  return qi;
 }
 
 // One block the plain way: for the fewer-than-16 blocks left at a row's end.
 template <int HALVES>
 FV_INLINE void quantize_block(const float* xb, int64_t len, int8_t* qb, float* d, int32_t* s) {
   const __m512 sign = _mm512_set1_ps(-0.f);
-  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   __m512 v[HALVES];
   __m512 amax = _mm512_setzero_ps();
   for (int h = 0; h < HALVES; ++h) {
@@ -206,12 +217,7 @@ FV_INLINE void quantize_block(const float* xb, int64_t len, int8_t* qb, float* d
   const float inv = am > 0.f ? 127.f / am : 0.f;
   const __m512 vinv = _mm512_set1_ps(inv);
   __m512i sum = _mm512_setzero_si512();
-  for (int h = 0; h < HALVES; ++h) {
-    __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], vinv));
-    qi = _mm512_min_epi32(_mm512_max_epi32(qi, lo), hi);
-    sum = _mm512_add_epi32(sum, qi);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16 * h), _mm512_cvtepi32_epi8(qi));
-  }
+  for (int h = 0; h < HALVES; ++h) sum = _mm512_add_epi32(sum, quantize16(v[h], vinv, qb + 16 * h));
   *d = am / 127.f;
   *s = _mm512_reduce_add_epi32(sum);
 }
@@ -221,7 +227,6 @@ template <int HALVES>
 FV_INLINE void quantize_16_blocks(const float* xb, int8_t* qb, float* d, int32_t* s) {
   constexpr int block = 16 * HALVES;
   const __m512 sign = _mm512_set1_ps(-0.f), c127 = _mm512_set1_ps(127.f);
-  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   const auto vmax = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
   const auto vadd = [](__m512 a, __m512 b) {
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
@@ -242,12 +247,8 @@ FV_INLINE void quantize_16_blocks(const float* xb, int8_t* qb, float* d, int32_t
   for (int j = 0; j < 16; ++j) {
     const __m512 vinv = _mm512_set1_ps(inv[j]);
     __m512i sum = _mm512_setzero_si512();
-    for (int h = 0; h < HALVES; ++h) {
-      __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j * block + 16 * h), vinv));
-      qi = _mm512_min_epi32(_mm512_max_epi32(qi, lo), hi);
-      sum = _mm512_add_epi32(sum, qi);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + j * block + 16 * h), _mm512_cvtepi32_epi8(qi));
-    }
+    for (int h = 0; h < HALVES; ++h)
+      sum = _mm512_add_epi32(sum, quantize16(_mm512_loadu_ps(xb + j * block + 16 * h), vinv, qb + j * block + 16 * h));
     red[j] = _mm512_castsi512_ps(sum);
   }
   _mm512_storeu_si512(s, _mm512_castps_si512(reduce16(red, vadd)));

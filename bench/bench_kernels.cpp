@@ -502,6 +502,7 @@ FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
   __m512 acc[16];
   for (auto& v : acc) v = _mm512_setzero_ps();
   const auto t0 = std::chrono::steady_clock::now();
+  // Two blocks per round, one per C tile: tile numbers are immediates, so each step is written out.
   for (long it = 0; it < iters; it += 2) {
     _tile_loadd(4, a[0], 32);
     _tile_loadd(6, b[0], 64);

@@ -484,20 +484,6 @@ FT_PROBE_AMX_FOLD inline __attribute__((always_inline)) void fold_tile(const int
   }
 }
 
-// Block product into C tile T (tile numbers are immediates, hence the template), the other tile's
-// stored block folded meanwhile, then T stored for the next round.
-template <int T>
-FT_PROBE_AMX_FOLD inline __attribute__((always_inline)) void block_fold_step(const int8_t* a, const uint8_t* b,
-                                                                             int32_t (*c)[16 * 16], const float* rs,
-                                                                             bool with_min, __m512* acc) {
-  _tile_loadd(4, a, 32);
-  _tile_loadd(6, b, 64);
-  _tile_zero(T);
-  _tile_dpbsud(T, 4, 6);
-  fold_tile(c[1 - T], rs, with_min, acc);
-  _tile_stored(T, c[T], 64);
-}
-
 FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
                                                                                              bool with_min) {
   AmxConfig cfg;
@@ -516,11 +502,20 @@ FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
   __m512 acc[16];
   for (auto& v : acc) v = _mm512_setzero_ps();
   const auto t0 = std::chrono::steady_clock::now();
-  // Two blocks per round, one per C tile: each folds the other tile's last block while its own runs.
+  // Two blocks per round, one per C tile T: each folds the other tile's last block while its own
+  // product runs. A macro because GCC's tile intrinsics paste the tile number into the asm text.
+#define FT_BLOCK_FOLD_STEP(T, OTHER)                                  \
+  _tile_loadd(4, a[T], 32);                                           \
+  _tile_loadd(6, b[T], 64);                                           \
+  _tile_zero(T);                                                      \
+  _tile_dpbsud(T, 4, 6);                                              \
+  fold_tile(c[OTHER], rs, with_min, acc);                             \
+  _tile_stored(T, c[T], 64);
   for (long it = 0; it < iters; it += 2) {
-    block_fold_step<0>(a[0], b[0], c, rs, with_min, acc);
-    block_fold_step<1>(a[1], b[1], c, rs, with_min, acc);
+    FT_BLOCK_FOLD_STEP(0, 1)
+    FT_BLOCK_FOLD_STEP(1, 0)
   }
+#undef FT_BLOCK_FOLD_STEP
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   _tile_release();
   volatile float sink = 0;

@@ -45,14 +45,16 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(Isa isa, int num_threads)
       : isa_(isa), k_(kernels_for(isa)), qk_(qkernels_for(isa)), pool_(num_threads) {
+    // Every ISA level has the int8-activation panel kernels, bit-equal to each other, so a
+    // quantized model gives the same bits on AVX2, AVX-512 and portable builds' linears.
     const char* qk = std::getenv("FANTAI_QUANT_KERNEL");
-    FANTAI_REQUIRE(!qk || !*qk || !std::strcmp(qk, "f32") || !std::strcmp(qk, "vnni"),
-                   "FANTAI_QUANT_KERNEL='" << qk << "' not understood (f32|vnni)");
-    if (isa == Isa::kAvx512 && cpu_has_avx512_vnni()) {
-      panel_fn_ = avx512_vnni_linear_panel();
-      if (QuantizeRowsFn f = avx512_quantize_rows_int8()) quant_rows_fn_ = f;
-      panel_ = !(qk && !std::strcmp(qk, "f32"));
-    }
+    FANTAI_REQUIRE(!qk || !*qk || !std::strcmp(qk, "f32") || !std::strcmp(qk, "int8") || !std::strcmp(qk, "vnni"),
+                   "FANTAI_QUANT_KERNEL='" << qk << "' not understood (int8|f32)");
+    const PanelKernels pk = panel_kernels_for(isa);
+    panel_name_ = pk.name;
+    panel_fn_ = pk.linear;
+    quant_rows_fn_ = pk.quantize;
+    panel_ = !(qk && !std::strcmp(qk, "f32"));
     // AMX only on top of AVX-512 (the activation split uses it); FANTAI_AMX=0 turns it off (A/B).
     const char* amx = std::getenv("FANTAI_AMX");
     FANTAI_REQUIRE(!amx || !*amx || !std::strcmp(amx, "0") || !std::strcmp(amx, "1"),
@@ -60,9 +62,9 @@ class CpuBackend final : public Backend {
     const bool amx_ok = isa == Isa::kAvx512 && !(amx && !std::strcmp(amx, "0"));
     amx_ = amx_ok && amx_usable();
     // Bit-equal to the VNNI kernel, so a call may take either by its row count.
-    if (amx_ok && panel_fn_) amx_panel_fn_ = amx_int8_linear_panel();
+    if (amx_ok && !std::strcmp(pk.name, "vnni")) amx_panel_fn_ = amx_int8_linear_panel();
     FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size()
-                                           << " quantized kernels=" << (panel_ ? "vnni" : "f32")
+                                           << " quantized kernels=" << (panel_ ? panel_name_ : "f32")
                                            << " amx=" << (amx_ ? "on" : "off")
                                            << " amx int8=" << (amx_panel_fn_ ? "on" : "off"));
   }
@@ -289,7 +291,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // The VNNI path: activations to int8 blocks once per call (per row, so batch invariant), then
+  // The panel path: activations to int8 blocks once per call (per row, so batch invariant), then
   // 16-row panels spread over the pool like the dense linear's column chunks.
   void linear_panel(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy) {
@@ -454,8 +456,9 @@ class CpuBackend final : public Backend {
   Isa isa_;
   const KernelTable& k_;
   const QKernelTable& qk_;
-  // Quantized matrices use the AVX-512 VNNI panel path (int8 activations) when the CPU has it,
-  // unless FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
+  // Quantized matrices use the panel path (int8 activations: VNNI, AVX2 or portable) unless
+  // FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
+  const char* panel_name_ = "scalar";
   LinearPanelFn panel_fn_ = nullptr;
   QuantizeRowsFn quant_rows_fn_ = quantize_rows_int8;
   LinearPanelFn amx_panel_fn_ = nullptr;  // AMX int8 twin of panel_fn_, or none

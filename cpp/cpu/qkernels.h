@@ -91,6 +91,20 @@ LinearPanelFn amx_int8_linear_panel();
 using QuantizeRowsFn = void (*)(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d,
                                 int32_t* s);
 QuantizeRowsFn avx512_quantize_rows_int8();
+// The same two functions for CPUs without VNNI, bit-equal to the VNNI ones: AVX2 (vpmaddubsw +
+// vpmaddwd; nullptr when not built or not x86) and portable C++ (the exact reference of every
+// panel kernel; quantize_rows_int8 is its quantizer).
+LinearPanelFn avx2_linear_panel();
+QuantizeRowsFn avx2_quantize_rows_int8();
+LinearPanelFn scalar_linear_panel();
+
+// The panel kernels an ISA level runs: every level has them, and all give the same bits.
+struct PanelKernels {
+  const char* name;  // "vnni", "avx2", "scalar"
+  LinearPanelFn linear;
+  QuantizeRowsFn quantize;
+};
+PanelKernels panel_kernels_for(Isa isa);
 
 namespace ref {
 // The panel path's arithmetic with double accumulation over the same int8 activations: w

@@ -110,7 +110,7 @@ QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
   return p;
 }
 
-// ---- panel layout (AVX-512 VNNI) ----------------------------------------------------------------
+// ---- panel layout (int8 activations) ----------------------------------------------------------------
 
 bool cpu_has_avx512_vnni() {
 #if defined(__x86_64__)
@@ -299,6 +299,21 @@ void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int
       d[r * nb + b] = db;
       s[r * nb + b] = sum;
     }
+}
+
+PanelKernels panel_kernels_for(Isa isa) {
+  FANTAI_REQUIRE(static_cast<int>(isa) <= static_cast<int>(detected_isa()),
+                 "cpu: ISA level " << isa_name(isa) << " is not supported by this CPU");
+  if (isa == Isa::kAvx512 && cpu_has_avx512_vnni()) {
+    const QuantizeRowsFn q = avx512_quantize_rows_int8();
+    return {"vnni", avx512_vnni_linear_panel(), q ? q : quantize_rows_int8};
+  }
+  // AVX-512 without VNNI (Skylake-X, Cascade Lake before it was added) runs the AVX2 kernel.
+  if (isa != Isa::kScalar && avx2_linear_panel()) {
+    const QuantizeRowsFn q = avx2_quantize_rows_int8();
+    return {"avx2", avx2_linear_panel(), q ? q : quantize_rows_int8};
+  }
+  return {"scalar", scalar_linear_panel(), quantize_rows_int8};
 }
 
 const QKernelTable& qkernels_for(Isa isa) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/check.h"
@@ -225,7 +227,7 @@ TEST_P(QuantKernels, EmbeddingGathersDequantizedRows) {
 INSTANTIATE_TEST_SUITE_P(Isas, QuantKernels, ::testing::ValuesIn(levels()),
                          [](const auto& info) { return std::string(cpu::isa_name(info.param)); });
 
-// ---- AVX-512 VNNI panel path ---------------------------------------------------------------------
+// ---- panel path (int8 activations) ---------------------------------------------------------------------
 
 Packed pack_panel(const QuantTensor& t) {
   Packed p;
@@ -318,11 +320,15 @@ TEST(QuantPanel, ActivationQuantizationRoundsPerBlock) {
   EXPECT_EQ(q.s[1], 0);
 }
 
-TEST(QuantPanel, Avx512ActivationQuantizationIsBitEqualToTheReference) {
-  const cpu::QuantizeRowsFn fast = cpu::avx512_quantize_rows_int8();
-  if (!fast || cpu::detected_isa() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU or build";
+// Every ISA level's panel kernels: the activation quantizer is bit-equal to the reference, and the
+// linear to the portable kernel (the exact reference of the panel arithmetic) on every format and
+// ragged shape, with and without bias, and a panel sub-range writes only its columns.
+class PanelKernels : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(PanelKernels, QuantizerIsBitEqualToTheReference) {
+  const cpu::QuantizeRowsFn fast = cpu::panel_kernels_for(GetParam()).quantize;
   for (int32_t block : {16, 32})
-    for (int64_t k : {1, 15, 16, 17, 31, 32, 33, 100, 576, 1000, 1536}) {
+    for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 576, 1000, 1536}) {
       const int64_t m = 5, nb = (k + block - 1) / block, ld = nb * block;
       std::vector<float> x = randn(static_cast<size_t>(m * k), static_cast<uint32_t>(k * block));
       for (int64_t i = 0; i < k; ++i) x[i] = 0.f;                            // an all-zero row
@@ -340,9 +346,57 @@ TEST(QuantPanel, Avx512ActivationQuantizationIsBitEqualToTheReference) {
     }
 }
 
-TEST(QuantPanel, LinearMatchesInt8Reference) {
-  if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
-  auto be = cpu::make_cpu_backend(Isa::kAvx512, 2);
+// Weights at the ends of their range (every u4 / u8 value 0 and 15 / 255) against activations at
+// +-127 are where an int16 pair sum would saturate if the kernel's bound reasoning were wrong.
+void extreme_weights(QuantTensor* t, uint32_t seed) {
+  std::mt19937 g(seed);
+  const uint8_t top = static_cast<uint8_t>((1 << t->bits) - 1);
+  for (auto& v : t->q) v = (g() & 1) ? top : 0;
+}
+
+void expect_panel_equal(cpu::LinearPanelFn fn, cpu::LinearPanelFn ref, const XQ& xq, const Packed& p,
+                        const float* bias, int64_t m, int64_t n, const std::string& what) {
+  const int64_t panels = (n + 15) / 16;
+  std::vector<float> want(m * n, -1.f), got(m * n, -2.f);
+  ref(xq.rows, p.w, bias, want.data(), m, n, 0, panels);
+  fn(xq.rows, p.w, bias, got.data(), m, n, 0, panels);
+  ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << what;
+  std::vector<float> part(m * n, 7.f);
+  fn(xq.rows, p.w, bias, part.data(), m, n, 1, panels);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(part[r * n + j], j < 16 ? 7.f : want[r * n + j]) << what << " r " << r << " j " << j;
+}
+
+TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
+  const cpu::LinearPanelFn fn = cpu::panel_kernels_for(GetParam()).linear, ref = cpu::scalar_linear_panel();
+  ASSERT_NE(fn, nullptr);
+  uint32_t seed = 5000;
+  for (bool half : {false, true})
+    for (bool extreme : {false, true})
+      for (const Spec& s : kSpecs)
+        for (int64_t m : {1, 2, 4, 5, 17})
+          for (int64_t k : {40, 100, 257, 576}) {
+            const int64_t n = 53;
+            QuantTensor t = random_quant(n, k, s, seed++);
+            if (half) round_scales_to_half(&t);
+            if (extreme) extreme_weights(&t, seed++);
+            const Packed p = pack_panel(t);
+            std::vector<float> x = randn(m * k, seed++);
+            if (extreme)
+              for (size_t i = 0; i < x.size(); ++i) x[i] = (i * 7919 % 3 == 0) ? -1.f : 1.f;  // all +-127
+            const std::vector<float> bias = randn(n, seed++);
+            const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
+            std::ostringstream what;
+            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " group " << s.group << " half " << half
+                 << " extreme " << extreme << " m " << m << " k " << k;
+            for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
+              expect_panel_equal(fn, ref, xq, p, b, m, n, what.str());
+          }
+}
+
+TEST_P(PanelKernels, BackendLinearMatchesInt8Reference) {
+  auto be = cpu::make_cpu_backend(GetParam(), 2);
   uint32_t seed = 1000;
   for (bool half : {false, true})
   for (const Spec& s : kSpecs)
@@ -383,10 +437,9 @@ TEST(QuantPanel, LinearMatchesInt8Reference) {
       }
 }
 
-TEST(QuantPanel, LinearIsBatchAndThreadInvariant) {
-  if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
-  auto be1 = cpu::make_cpu_backend(Isa::kAvx512, 1);
-  auto be2 = cpu::make_cpu_backend(Isa::kAvx512, 2);
+TEST_P(PanelKernels, BackendLinearIsBatchAndThreadInvariant) {
+  auto be1 = cpu::make_cpu_backend(GetParam(), 1);
+  auto be2 = cpu::make_cpu_backend(GetParam(), 2);
   for (const Spec& s : {Spec{4, 32, false, true, false}, Spec{8, 16, true, false, false}}) {
     const int64_t m = 300, n = 301, k = 576;  // 300: AMX row blocks of 128 and a tail
     const QuantTensor t = random_quant(n, k, s, 7);
@@ -403,54 +456,46 @@ TEST(QuantPanel, LinearIsBatchAndThreadInvariant) {
   }
 }
 
-// The AMX int8 twin must give the VNNI kernel's bits on every format and ragged shape (the backend
-// switches between them by row count), including a short last block inside a group and rows or
-// panels that fill no whole tile.
-TEST(QuantPanel, AmxInt8EqualsVnniBitForBit) {
-  const cpu::LinearPanelFn amx = cpu::amx_int8_linear_panel(), vnni = cpu::avx512_vnni_linear_panel();
-  if (!amx || !vnni || !cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AMX-INT8 (or no VNNI) here";
+TEST_P(PanelKernels, BackendPacksPanelsUnlessAskedForF32) {
+  const QuantTensor t = random_quant(20, 64, {4, 32, false, true, false}, 5);
+  setenv("FANTAI_QUANT_KERNEL", "f32", 1);
+  auto f32 = cpu::make_cpu_backend(GetParam(), 1);
+  unsetenv("FANTAI_QUANT_KERNEL");
+  auto int8 = cpu::make_cpu_backend(GetParam(), 1);
+  std::vector<uint8_t> a(f32->quant_packed_bytes(t.view())), b(int8->quant_packed_bytes(t.view()));
+  EXPECT_EQ(f32->pack_quant(t.view(), a.data()).layout, cpu::kCpuQuantLayout);
+  EXPECT_TRUE(cpu::is_panel_layout(int8->pack_quant(t.view(), b.data()).layout));
+  setenv("FANTAI_QUANT_KERNEL", "fast", 1);
+  EXPECT_THROW(cpu::make_cpu_backend(GetParam(), 1), InvalidArgument);
+  unsetenv("FANTAI_QUANT_KERNEL");
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, PanelKernels, ::testing::ValuesIn(levels()),
+                         [](const auto& info) { return std::string(cpu::isa_name(info.param)); });
+
+// The AMX int8 twin must give the portable kernel's bits on every format and ragged shape (the
+// backend switches between it and VNNI by row count), including a short last block inside a group
+// and rows or panels that fill no whole tile.
+TEST(QuantPanel, AmxInt8EqualsThePortableKernelBitForBit) {
+  const cpu::LinearPanelFn amx = cpu::amx_int8_linear_panel(), ref = cpu::scalar_linear_panel();
+  if (!amx || !cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AMX-INT8 (or no VNNI) here";
   uint32_t seed = 4000;
   for (bool half : {false, true})
     for (const Spec& s : kSpecs)
       for (int64_t m : {1, 5, 16, 17, 33, 70, 301})
         for (int64_t k : {40, 100, 257, 576}) {
-          const int64_t n = 53, panels = (n + 15) / 16;
+          const int64_t n = 53;
           QuantTensor t = random_quant(n, k, s, seed++);
           if (half) round_scales_to_half(&t);
           const Packed p = pack_panel(t);
           const std::vector<float> x = randn(m * k, seed++);
           const std::vector<float> bias = randn(n, seed++);
           const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
-          for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-            std::vector<float> want(m * n, -1.f), got(m * n, -2.f);
-            vnni(xq.rows, p.w, b, want.data(), m, n, 0, panels);
-            amx(xq.rows, p.w, b, got.data(), m, n, 0, panels);
-            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
-                << "bits " << s.bits << " group " << s.group << " half " << half << " m " << m << " k " << k;
-          }
-          // A panel sub-range writes only its columns.
-          std::vector<float> part(m * n, 7.f), want(m * n);
-          vnni(xq.rows, p.w, nullptr, want.data(), m, n, 0, panels);
-          amx(xq.rows, p.w, nullptr, part.data(), m, n, 1, panels);
-          for (int64_t r = 0; r < m; ++r)
-            for (int64_t j = 0; j < n; ++j)
-              ASSERT_EQ(part[r * n + j], j < 16 ? 7.f : want[r * n + j]) << "r " << r << " j " << j;
+          std::ostringstream what;
+          what << "bits " << s.bits << " group " << s.group << " half " << half << " m " << m << " k " << k;
+          for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
+            expect_panel_equal(amx, ref, xq, p, b, m, n, what.str());
         }
-}
-
-TEST(QuantPanel, BackendPacksPanelsUnlessAskedForF32) {
-  if (!cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI";
-  const QuantTensor t = random_quant(20, 64, {4, 32, false, true, false}, 5);
-  setenv("FANTAI_QUANT_KERNEL", "f32", 1);
-  auto f32 = cpu::make_cpu_backend(Isa::kAvx512, 1);
-  unsetenv("FANTAI_QUANT_KERNEL");
-  auto vnni = cpu::make_cpu_backend(Isa::kAvx512, 1);
-  std::vector<uint8_t> a(f32->quant_packed_bytes(t.view())), b(vnni->quant_packed_bytes(t.view()));
-  EXPECT_EQ(f32->pack_quant(t.view(), a.data()).layout, cpu::kCpuQuantLayout);
-  EXPECT_TRUE(cpu::is_panel_layout(vnni->pack_quant(t.view(), b.data()).layout));
-  setenv("FANTAI_QUANT_KERNEL", "fast", 1);
-  EXPECT_THROW(cpu::make_cpu_backend(Isa::kAvx512, 1), InvalidArgument);
-  unsetenv("FANTAI_QUANT_KERNEL");
 }
 
 TEST(QuantPack, RejectsMalformedMatrices) {

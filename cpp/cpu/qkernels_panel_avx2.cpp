@@ -1,0 +1,291 @@
+// cpu: the panel-layout int8 kernels on AVX2 (no VNNI): quantized weights x int8 activations with
+// vpmaddubsw + vpmaddwd, and the activation quantizer. Bit-equal to the AVX-512 VNNI kernel and to
+// the portable one: a block's integer sum is exact whatever instruction forms it, and the per-block
+// float updates are the same f32 operations in the same order, one lane per output row.
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/qkernels.h"
+// Last: the rest of this file is AVX2 code (see the header).
+#include "cpu/vt_avx2.h"
+
+#ifdef FANTAI_VT_AVX2
+namespace fantai::cpu {
+namespace {
+
+#define FV_INLINE inline __attribute__((always_inline))
+
+FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+FV_INLINE __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// 8 lanes (rows 8u .. 8u + 7 of a panel's 16) of a scale or min at element i: f32, or f16 in the
+// half-scale layout.
+template <bool HS>
+FV_INLINE __m256 load_scale8(const float* a, int64_t i) {
+  if constexpr (HS) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(a) + i)));
+  } else {
+    return _mm256_loadu_ps(a + i);
+  }
+}
+
+// A tile is R activation rows x U units, a unit being 8 consecutive rows of W (half a panel): unit
+// u of the tile is half (u & 1) of panel p + u / 2. A 64-byte panel step is two 32-byte unit steps.
+template <int R, int U, int BITS, bool HZ, bool HM, bool HS>
+FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                         int64_t ldy, int64_t p, int64_t r0) {
+  const int64_t k = w.cols, G = w.group, ng = w.ngroups();
+  const int B = xq_block(w);
+  const int64_t gbytes = BITS == 8 ? G * 16 : G * 8;
+  const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
+  const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  __m256 facc[R][U];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) facc[r][u] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    __m256 vs[U], vz[U], vm[U];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      const int64_t gi = ((p + u / 2) * ng + g) * 16 + 8 * (u & 1);
+      vs[u] = load_scale8<HS>(w.scale, gi);
+      if constexpr (HZ) {
+        vz[u] = w.zero ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero + gi))))
+                       : _mm256_set1_ps(static_cast<float>(w.zero_point));
+      }
+      if constexpr (HM) vm[u] = load_scale8<HS>(w.min, gi);
+    }
+    const int64_t g0 = g * G, g1 = min64(g0 + G, k);
+    for (int64_t b0 = g0; b0 < g1; b0 += B) {
+      const int64_t blen = min64(B, g1 - b0), bi = b0 / B;
+      const int64_t boff = g * gbytes + (b0 - g0) * (BITS == 8 ? 16 : 8);
+      __m256i iacc[R][U];
+      if constexpr (BITS == 4) {
+        // u4 x s8 pairs are at most 2 * 15 * 127 = 3810, a step's two at most 7620, and a block has
+        // at most 4 steps (32 columns): the int16 sums cannot overflow, so widen once per block.
+        __m256i acc16[R][U];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) acc16[r][u] = _mm256_setzero_si256();
+        const int steps = static_cast<int>((blen + 7) / 8);
+        for (int t = 0; t < steps; ++t) {
+          __m256i xl[R], xh[R];
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            xl[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t);
+            xh[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t + 4);
+          }
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) {
+            const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1)));
+            const __m256i wl = _mm256_and_si256(wb, lo4);
+            const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r)
+              acc16[r][u] = _mm256_add_epi16(acc16[r][u], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xl[r]),
+                                                                           _mm256_maddubs_epi16(wh, xh[r])));
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_madd_epi16(acc16[r][u], ones);
+      } else {
+        // u8 weights as w - 128 in s8, multiplied by the sign trick (|w - 128| as u8 times x with
+        // w - 128's sign): a pair is at most 2 * 128 * 127 = 32512, so vpmaddubsw never saturates.
+        // sum(w x) = sum((w - 128) x) + 128 sum(x), exactly, in int32.
+        const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_setzero_si256();
+        const int steps = static_cast<int>((blen + 3) / 4);
+        for (int t = 0; t < steps; ++t) {
+          __m256i xv[R];
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 4 * t);
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) {
+            const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1))), flip);
+            const __m256i wa = _mm256_abs_epi8(ws);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r)
+              iacc[r][u] = _mm256_add_epi32(iacc[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], ws)), ones));
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i s128 = _mm256_set1_epi32(128 * x.s[(r0 + r) * x.nblocks + bi]);
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
+        }
+      }
+      // The VNNI kernel's per-block update, lane for lane.
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float d = x.d[(r0 + r) * x.nblocks + bi];
+        const float sx = static_cast<float>(x.s[(r0 + r) * x.nblocks + bi]);
+        const __m256 vd = _mm256_set1_ps(d), vsx = _mm256_set1_ps(sx), vdsx = _mm256_set1_ps(d * sx);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u) {
+          __m256 t = _mm256_cvtepi32_ps(iacc[r][u]);
+          if constexpr (HZ) t = _mm256_sub_ps(t, _mm256_mul_ps(vz[u], vsx));  // exact: integers < 2^24
+          facc[r][u] = _mm256_fmadd_ps(t, _mm256_mul_ps(vs[u], vd), facc[r][u]);
+          if constexpr (HM) facc[r][u] = _mm256_fmadd_ps(vm[u], vdsx, facc[r][u]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const int64_t j = p * 16 + 8 * u;
+    const int n = static_cast<int>(min64(8, w.rows - j));
+    if (n <= 0) continue;
+    const __m256i mk = vt_avx2::VT::mask(n);
+    const __m256 vb = bias ? _mm256_maskload_ps(bias + j, mk) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) _mm256_maskstore_ps(y + (r0 + r) * ldy + j, mk, _mm256_add_ps(facc[r][u], vb));
+  }
+}
+
+template <int RR, int U, int BITS, bool HZ, bool HM, bool HS>
+FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias,
+                         float* y, int64_t ldy, int64_t p, int64_t r0) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return unit_rows<RR - 1, U, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r0);
+  }
+  unit_tile<RR, U, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0);
+}
+
+template <int BITS, bool HZ, bool HM, bool HS>
+void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  if (m == 1) {
+    // Decode: 2 panels (4 units, 32 weight rows) side by side give 4 independent chains.
+    int64_t p = p0;
+    for (; p + 2 <= p1; p += 2) unit_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+    for (; p < p1; ++p) unit_tile<1, 2, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+    return;
+  }
+  // 16 YMM registers: 3 rows x 2 units keep their float and integer sums (12) in registers, with
+  // the activations broadcast from memory. ~8 panels (128 weight rows, L2-resident) are swept by
+  // every row tile of x.
+  constexpr int R = 3;
+  for (int64_t pp = p0; pp < p1; pp += 8) {
+    const int64_t ppe = min64(pp + 8, p1);
+    for (int64_t r = 0; r < m; r += R) {
+      const int rows = static_cast<int>(min64(R, m - r));
+      for (int64_t p = pp; p < ppe; ++p) unit_rows<R, 2, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
+    }
+  }
+}
+
+template <int BITS, bool HZ, bool HM>
+void linear_panel_s(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  if (w.layout == kCpuQuantPanelHalfLayout) linear_panel_t<BITS, HZ, HM, true>(x, w, bias, y, m, ldy, p0, p1);
+  else linear_panel_t<BITS, HZ, HM, false>(x, w, bias, y, m, ldy, p0, p1);
+}
+
+void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                  int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
+  if (w.bits == 4) {
+    if (hz) hm ? linear_panel_s<4, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, true, false>(x, w, bias, y, m, ldy, p0, p1);
+    else hm ? linear_panel_s<4, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, false, false>(x, w, bias, y, m, ldy, p0, p1);
+  } else {
+    if (hz) hm ? linear_panel_s<8, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, true, false>(x, w, bias, y, m, ldy, p0, p1);
+    else hm ? linear_panel_s<8, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, false, false>(x, w, bias, y, m, ldy, p0, p1);
+  }
+}
+
+// 8 values to int8 with the block's 127 / max, rounded to nearest even (vcvtps2dq under the default
+// rounding mode, what nearbyint does) and clamped; returns the int32 values for the block's sum.
+FV_INLINE __m256i quantize8(__m256 v, __m256 vinv, int8_t* out) {
+  __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(v, vinv));
+  qi = _mm256_min_epi32(_mm256_max_epi32(qi, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+  // int32 -> int16 -> int8: every value is in range, so the saturating packs are exact.
+  const __m128i lo = _mm256_castsi256_si128(qi), hi = _mm256_extracti128_si256(qi, 1);
+  const __m128i w16 = _mm_packs_epi32(lo, hi);
+  const __m128i b8 = _mm_packs_epi16(w16, w16);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), b8);
+  return qi;
+}
+
+FV_INLINE float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+FV_INLINE int32_t hsum8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// quantize_rows_int8's arithmetic 8 lanes at a time: |x| max (exact in any order), the same d and
+// 127 / max in f32, x * inv, round to nearest even, clamp, an exact integer sum. Padding past k is
+// quantized from zeros, so it is 0 as the reference writes it.
+template <int PARTS>
+void quantize_rows_t(const float* x, int64_t m, int64_t k, int8_t* q, float* d, int32_t* s) {
+  constexpr int block = 8 * PARTS;
+  const int64_t nb = (k + block - 1) / block, ld = nb * block;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * k;
+    int8_t* qr = q + r * ld;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b * block, len = min64(block, k - c0);
+      __m256 v[PARTS];
+      __m256 amax = _mm256_setzero_ps();
+#pragma GCC unroll 4
+      for (int h = 0; h < PARTS; ++h) {
+        const int64_t n = len - 8 * h;
+        v[h] = n >= 8 ? _mm256_loadu_ps(xr + c0 + 8 * h)
+                      : n > 0 ? vt_avx2::VT::load_n(xr + c0 + 8 * h, static_cast<int>(n)) : _mm256_setzero_ps();
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[h]));
+      }
+      const float am = hmax8(amax);
+      const float inv = am > 0.f ? 127.f / am : 0.f;
+      const __m256 vinv = _mm256_set1_ps(inv);
+      __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int h = 0; h < PARTS; ++h) sum = _mm256_add_epi32(sum, quantize8(v[h], vinv, qr + c0 + 8 * h));
+      d[r * nb + b] = am / 127.f;
+      s[r * nb + b] = hsum8(sum);
+    }
+  }
+}
+
+void quantize_rows(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d, int32_t* s) {
+  if (block == 32) quantize_rows_t<4>(x, m, k, q, d, s);
+  else quantize_rows_t<2>(x, m, k, q, d, s);
+}
+
+#undef FV_INLINE
+
+}  // namespace
+
+LinearPanelFn avx2_linear_panel() { return linear_panel; }
+QuantizeRowsFn avx2_quantize_rows_int8() { return quantize_rows; }
+
+}  // namespace fantai::cpu
+
+#else
+namespace fantai::cpu {
+LinearPanelFn avx2_linear_panel() { return nullptr; }
+QuantizeRowsFn avx2_quantize_rows_int8() { return nullptr; }
+}  // namespace fantai::cpu
+#endif

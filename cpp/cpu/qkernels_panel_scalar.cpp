@@ -1,0 +1,80 @@
+// cpu: the panel-layout int8 kernel in portable C++ — the exact reference of the SIMD panel kernels
+// (VNNI, AMX, AVX2 are tested bit-equal to it) and the path of CPUs without them. Each output
+// element is one lane of the SIMD kernels: exact integer block sums, then the same f32 operations
+// per block in the same order (std::fma where they fuse).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common/types.h"
+#include "cpu/qkernels.h"
+
+namespace fantai::cpu {
+namespace {
+
+// Scale or min i of a panel matrix as f32 (f16 in the half layout).
+inline float panel_value(const QuantMatrix& w, const float* a, int64_t i) {
+  return w.layout == kCpuQuantPanelHalfLayout ? f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]) : a[i];
+}
+
+void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                  int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+  const int64_t k = w.cols, G = w.group, ng = w.ngroups();
+  const int B = xq_block(w);
+  const int64_t gbytes = w.bits == 8 ? G * 16 : G * 8;
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  for (int64_t p = p0; p < p1; ++p)
+    for (int lane = 0; lane < 16; ++lane) {
+      const int64_t j = p * 16 + lane;
+      if (j >= w.rows) break;
+      // Lane `lane`'s 4 bytes of every 64-byte step of panel p.
+      const uint8_t* wl = data + p * w.ld + lane * 4;
+      for (int64_t r = 0; r < m; ++r) {
+        const int8_t* xr = x.q + r * x.ld;
+        float acc = 0.f;
+        for (int64_t g = 0; g < ng; ++g) {
+          const int64_t gi = (p * ng + g) * 16 + lane;
+          const float s = panel_value(w, w.scale, gi);
+          const float z = static_cast<float>(w.zero ? w.zero[gi] : w.zero_point);
+          const bool hz = w.zero != nullptr || w.zero_point != 0;
+          const float mn = w.min ? panel_value(w, w.min, gi) : 0.f;
+          const int64_t g0 = g * G, g1 = std::min<int64_t>(g0 + G, k);
+          for (int64_t b0 = g0; b0 < g1; b0 += B) {
+            const int64_t b1 = std::min<int64_t>(b0 + B, g1), bi = b0 / B;
+            int32_t isum = 0;
+            for (int64_t c = b0; c < b1; ++c) {
+              const int64_t cg = c - g0;
+              int q;
+              if (w.bits == 8) {
+                q = wl[g * gbytes + (cg >> 2) * 64 + (cg & 3)];
+              } else {
+                const uint8_t byte = wl[g * gbytes + (cg >> 3) * 64 + (cg & 3)];
+                q = (cg & 7) >= 4 ? byte >> 4 : byte & 15;
+              }
+              isum += q * xr[c];
+            }
+            const float d = x.d[r * x.nblocks + bi];
+            const float sx = static_cast<float>(x.s[r * x.nblocks + bi]);
+            float t = static_cast<float>(isum);
+            if (hz) {
+              const float zs = z * sx;  // exact: integers < 2^24
+              t = t - zs;
+            }
+            const float sd = s * d;
+            acc = std::fma(t, sd, acc);
+            if (w.min) {
+              const float dsx = d * sx;
+              acc = std::fma(mn, dsx, acc);
+            }
+          }
+        }
+        y[r * ldy + j] = acc + (bias ? bias[j] : 0.f);
+      }
+    }
+}
+
+}  // namespace
+
+LinearPanelFn scalar_linear_panel() { return linear_panel; }
+
+}  // namespace fantai::cpu

@@ -2,7 +2,6 @@
 // the kernel table of the chosen ISA. Splitting never changes a row's arithmetic (see kernels.h).
 #include "cpu/cpu_backend.h"
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "cpu/cpu_features.h"
+#include "cpu/cpu_quota.h"
 #include "cpu/kernels.h"
 #include "cpu/kernels_amx.h"
 #include "cpu/qkernels.h"
@@ -23,17 +23,6 @@
 
 namespace fantai::cpu {
 namespace {
-
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  const unsigned hc = std::thread::hardware_concurrency();
-  return hc ? static_cast<int>(hc) : 1;
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -563,7 +552,7 @@ const KernelTable& kernels_for(Isa isa) {
 }
 
 std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads) {
-  return std::make_shared<CpuBackend>(isa, num_threads <= 0 ? usable_cores() : num_threads);
+  return std::make_shared<CpuBackend>(isa, num_threads <= 0 ? default_thread_count() : num_threads);
 }
 
 std::shared_ptr<Backend> create_cpu_backend(int num_threads) {

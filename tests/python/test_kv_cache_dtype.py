@@ -159,21 +159,43 @@ CHAT = ["What is the capital of France?", "Write a haiku about the sea.",
 
 
 def test_default_model_int8_kv_greedy_chat() -> None:
-    """The bundled SmolLM2-135M dequantized to float32 (so only the KV dtype differs between runs; with
-    int8-activation quantized kernels near-ties flip too): int8 and bfloat16 KV against float32 KV, greedy."""
+    """The bundled SmolLM2-135M dequantized to float32, so only the KV dtype differs between runs.
+
+    A count of identical greedy replies is no yardstick: which near-ties flip depends on every
+    kernel's rounding, so it differs between ISA levels (an AVX2 machine got 3/5 where AVX-512 got
+    5/5). Instead, along each float32-KV greedy reply (teacher forced):
+    - int8 KV's logit error is bounded by bf16 KV's: per element, bf16 rounds x to within 2^-8 |x|
+      and int8 to within max|row| / 254 ~ 2^-8 max|row|, so to first order the int8 error is
+      bf16's times the rows' max / mean |x| (about 3 for 64 Gaussian values, more with outlier
+      channels); 16 leaves room for heavy outliers, and a broken scale or rounding is far outside it;
+    - greedy generation with int8 KV follows what int8 scoring predicts, token for token, up to
+      and including the first position where int8's argmax leaves the float32 reply (generation
+      and scoring give a token the same bits, whatever the chunking)."""
     convs = [[{"role": "user", "content": q}] for q in CHAT]
     params = SamplingParams(temperature=0, max_tokens=48)
-    runs = {}
-    for kv in ("float32", "bfloat16", "int8"):
-        llm = LLM(dtype="float32", dequantize=True, kv_cache_dtype=kv, kv_cache_memory="64M")
-        runs[kv] = tokens(llm.chat(convs, params, use_tqdm=False))
-    a8, a16 = agreement(runs["int8"], runs["float32"]), agreement(runs["bfloat16"], runs["float32"])
-    print(f"default model, greedy agreement with float32 KV before first divergence: int8 {a8:.3f}, "
-          f"bfloat16 {a16:.3f}; identical replies: int8 {sum(x == y for x, y in zip(runs['int8'], runs['float32']))}"
-          f"/{len(CHAT)}, bfloat16 {sum(x == y for x, y in zip(runs['bfloat16'], runs['float32']))}/{len(CHAT)}")
-    # Measured: 5/5 replies identical for both (48 tokens each). Allow one reply to diverge late.
-    assert sum(x == y for x, y in zip(runs["int8"], runs["float32"])) >= len(CHAT) - 1
-    assert a8 >= 0.9 and a16 >= 0.9, (a8, a16)
+    llm = LLM(dtype="float32", dequantize=True, kv_cache_dtype="float32", kv_cache_memory="64M")
+    ref = llm.chat(convs, params, use_tqdm=False)
+    gen8 = tokens(LLM(dtype="float32", dequantize=True, kv_cache_dtype="int8",
+                      kv_cache_memory="64M").chat(convs, params, use_tqdm=False))
+    err = {"int8": [], "bfloat16": []}
+    flips = 0
+    for out, reply8 in zip(ref, gen8):
+        prompt, reply = list(out.prompt_token_ids), list(out.outputs[0].token_ids)
+        seq = prompt + reply
+        logits = {kv: llm._model.score(seq, kv)[len(prompt) - 1:-1].astype(np.float64)
+                  for kv in ("float32", "bfloat16", "int8")}
+        assert logits["float32"].argmax(1).tolist() == reply  # scoring reproduces the reply
+        for kv in err:
+            err[kv].append(np.abs(logits[kv] - logits["float32"]))
+        top8 = logits["int8"].argmax(1)
+        p = next((i for i, t in enumerate(top8) if t != reply[i]), len(reply))
+        flips += p < len(reply)
+        want = reply[:p] + ([int(top8[p])] if p < len(reply) else [])
+        assert reply8[:len(want)] == want, (p, reply8, want)
+    e8, e16 = float(np.mean(np.concatenate(err["int8"]))), float(np.mean(np.concatenate(err["bfloat16"])))
+    print(f"default model, teacher forced on float32-KV greedy replies: mean |dlogit| int8 {e8:.4f}, "
+          f"bfloat16 {e16:.4f} (ratio {e8 / e16:.1f}); replies where int8 scoring leaves the reply: {flips}/{len(CHAT)}")
+    assert 0 < e16 and 0 < e8 < 16 * e16, (e8, e16)
 
 
 TEXT = ("The river starts high in the mountains, where snow melts slowly through the spring. Small streams join it "

@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 BUILD := build/wheel
 SYSTEM_PACKAGES := cmake ninja-build g++ libgtest-dev nlohmann-json3-dev chromium chromium-driver
 
-.PHONY: serve test install system-deps test-cpp test-python bench clean
+.PHONY: serve test test-isa install system-deps test-cpp test-python bench clean
 
 serve: install
 	$(VENV)/bin/fantai serve
@@ -14,6 +14,26 @@ serve: install
 test: install
 	ctest --test-dir $(BUILD) --output-on-failure
 	$(PY) -m pytest -q tests/python
+	$(MAKE) --no-print-directory test-isa
+
+# The numerics tests again under each lower ISA level this CPU can run (FANTAI_CPU_ISA), so an
+# AVX-512 machine also checks what an AVX2-only or a portable build computes (the C++ kernel tests
+# already take every level; this covers what picks the level at run time). The portable level
+# takes the tiny-model tests only: the default model runs about 10x slower there.
+ISA_TESTS := tests/python/test_model_parity.py tests/python/test_quant_core.py \
+  tests/python/test_quant_formats.py tests/python/test_kv_cache_dtype.py \
+  tests/python/test_default_model.py tests/python/test_default_model_quant.py \
+  tests/python/test_matmul_precision.py
+SCALAR_TESTS := tests/python/test_model_parity.py tests/python/test_quant_core.py \
+  tests/python/test_quant_formats.py
+
+test-isa: install
+	@set -e; for isa in $$($(PY) -c 'from fantai import _C; print(*_C.cpu_isa_levels()[:-1])'); do \
+	  echo "== FANTAI_CPU_ISA=$$isa"; \
+	  FANTAI_CPU_ISA=$$isa ctest --test-dir $(BUILD) --output-on-failure -R 'test_kernels|test_quant|test_sampler|test_engine'; \
+	  if [ $$isa = scalar ]; then tests="$(SCALAR_TESTS)"; else tests="$(ISA_TESTS)"; fi; \
+	  FANTAI_CPU_ISA=$$isa $(PY) -m pytest -q $$tests; \
+	done
 
 test-cpp: install
 	ctest --test-dir $(BUILD) --output-on-failure

@@ -444,6 +444,8 @@ PYBIND11_MODULE(_C, m) {
   bind_quant(m);
   bind_engine(m);
   m.def("cpu_isa", &cpu::selected_isa);
+  m.def("cpu_isa_levels", &cpu::runnable_isas);
+  m.def("default_threads", &cpu::default_threads);
   m.def("available_backends", &available_backends);
   m.def("default_kv_cache_bytes", &engine::default_kv_cache_bytes);
   m.def("set_log_level", [](const std::string& level) {

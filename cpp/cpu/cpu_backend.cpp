@@ -561,4 +561,12 @@ std::shared_ptr<Backend> create_cpu_backend(int num_threads) {
 
 const char* selected_isa() { return isa_name(active_isa()); }
 
+std::vector<std::string> runnable_isas() {
+  std::vector<std::string> v;
+  for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) v.emplace_back(isa_name(static_cast<Isa>(i)));
+  return v;
+}
+
+int default_threads() { return default_thread_count(); }
+
 }  // namespace fantai::cpu

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -12,5 +14,11 @@ std::shared_ptr<Backend> create_cpu_backend(int num_threads);
 // The instruction-set level chosen at run time ("avx512", "avx2", "scalar"); FANTAI_CPU_ISA
 // (same names) forces a lower level for testing.
 const char* selected_isa();
+
+// Every level this CPU can run, lowest first ("scalar", "avx2", ...): what FANTAI_CPU_ISA may name.
+std::vector<std::string> runnable_isas();
+
+// Threads a backend gets when none are asked for: the affinity mask capped by the cgroup quota.
+int default_threads();
 
 }  // namespace fantai::cpu

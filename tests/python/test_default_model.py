@@ -63,7 +63,7 @@ def test_auto_dtype_of_a_quantized_gguf_is_bfloat16(monkeypatch: pytest.MonkeyPa
     loaded = load_model(None)
     assert loaded.model.dtype == "bfloat16"
     # The quantized model at the auto dtype still answers like the reference on an easy prompt, with
-    # exact activations. (The AVX512-VNNI default, int8 activations like llama.cpp, answers this one
+    # exact activations. (The default, int8 activations like llama.cpp, answers this one
     # as llama.cpp does: "L'Étoile, la Marseillaise, ..."; test_default_model_quant.py bounds it.)
     monkeypatch.setenv("FANTAI_QUANT_KERNEL", "f32")
     assert "Paris" in LLM(kv_cache_memory="64M").chat(

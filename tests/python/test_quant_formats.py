@@ -44,8 +44,8 @@ needs_quant_core = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def f32_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     # Exact-activation kernels: a quantized model then computes what the dense model of its
-    # dequantized weights computes, which is what these tests compare. (The default on AVX512-VNNI
-    # CPUs quantizes activations to int8; test_quant_core.py and test_default_model_quant.py
+    # dequantized weights computes, which is what these tests compare. (The default quantizes
+    # activations to int8; test_quant_core.py and test_default_model_quant.py
     # cover that path.) The backend reads this when a model is created; subprocesses inherit it.
     monkeypatch.setenv("FANTAI_QUANT_KERNEL", "f32")
 

@@ -178,7 +178,7 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
               f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
 }
 
-double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX-512
+double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX2
 
 // num_seqs sequences, each with context ctx of which q_len are new queries this step, SmolLM2's
 // heads (9 query / 3 KV of 64). The cache is filled through store_kv (int8 gets its scales).
@@ -540,6 +540,56 @@ FT_PROBE_AVX512 __attribute__((noinline)) float read_sum(const float* p, size_t 
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
+// The AVX2 twins, for CPUs without AVX-512 (and the like-for-like roofline under --isa avx2): f32
+// FMA on ymm, the int8 dot product the AVX2 quantized kernels use (vpmaddubsw u8*s8 -> s16 pairs,
+// then vpmaddwd by ones -> s32, then an add: 32 products, 64 integer ops per three instructions;
+// the 4-bit kernel sums two vpmaddubsw in s16 before widening, so it issues fewer), and reads.
+#define FT_PROBE_AVX2 __attribute__((target("avx2,fma")))
+
+FT_PROBE_AVX2 __attribute__((noinline)) float fma_chain_ymm(long iters) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.1f * i);
+  const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  }
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  alignas(32) float t[8];
+  _mm256_store_ps(t, s);
+  return t[0] + t[7];
+}
+
+template <int N>
+FT_PROBE_AVX2 __attribute__((noinline)) int maddubs_chain_ymm(long iters) {
+  __m256i a[N];
+  for (int i = 0; i < N; ++i) a[i] = _mm256_set1_epi32(i);
+  const __m256i x = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  for (long it = 0; it < iters; ++it) {
+    // Each chain multiplies its own accumulator's bytes, so no product is shared or hoisted; N
+    // chains cover the three-instruction latency.
+#pragma GCC unroll 12
+    for (int i = 0; i < N; ++i) a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], x), ones));
+  }
+  __m256i s = a[0];
+  for (int i = 1; i < N; ++i) s = _mm256_add_epi32(s, a[i]);
+  return _mm256_extract_epi32(s, 0);
+}
+
+FT_PROBE_AVX2 __attribute__((noinline)) float read_sum_ymm(const float* p, size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (size_t i = 0; i < n; i += 32) {
+    s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+    s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+    s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+    s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  return t[0] + t[7];
+}
+
 bool has_avx512bf16() {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
@@ -628,8 +678,43 @@ void bench_amx_decode(Backend& b, int64_t m) {
   report(name, us, 2.0 * m * static_cast<double>(total / 2), static_cast<double>(total));
 }
 
-void probes(int T) {
-  if (cpu::detected_isa() < cpu::Isa::kAvx512) { std::printf("probe: needs AVX-512\n"); return; }
+// Reads with the widest vectors the chosen level has (zmm or ymm).
+float read_sum_isa(cpu::Isa isa, const float* p, size_t n) {
+  return isa == cpu::Isa::kAvx512 ? read_sum(p, n) : read_sum_ymm(p, n);
+}
+
+void read_bandwidth_probes(int T, cpu::Isa isa) {
+  volatile float sink = 0;
+  for (size_t mb : {1, 8, 64, 512}) {
+    const size_t n = mb << 18, per = n / T;  // floats in all, per thread
+    float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
+    for (size_t i = 0; i < n; ++i) p[i] = 1.f;
+    const double s = par_best(T, mb >= 512 ? 4 : 10, [&](int t) { sink = read_sum_isa(isa, p + t * per, per); });
+    char name[64];
+    std::snprintf(name, sizeof(name), "read bandwidth %zu MB", mb);
+    std::printf("probe %-38s %10.1f GB/s\n", name, n * 4.0 / s * 1e-9);
+    std::free(p);
+  }
+  (void)sink;
+}
+
+// The AVX2 peaks (--isa avx2, or a CPU without AVX-512).
+void probes_avx2(int T) {
+  volatile float sink = 0;
+  volatile int isink = 0;
+  const long iters = 4000000;
+  double s = par_best(T, 5, [&](int) { sink = fma_chain_ymm(iters); });
+  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (ymm)", T * iters * 12.0 * 16 / s * 1e-9, T);
+  s = par_best(T, 5, [&](int) { isink = maddubs_chain_ymm<12>(iters); });
+  std::printf("probe %-38s %10.1f GOP/s\n", "peak vpmaddubsw+vpmaddwd u8*s8 (ymm)", T * iters * 12.0 * 64 / s * 1e-9);
+  read_bandwidth_probes(T, cpu::Isa::kAvx2);
+  (void)sink;
+  (void)isink;
+}
+
+void probes(int T, cpu::Isa isa) {
+  if (isa < cpu::Isa::kAvx2) { std::printf("probe: needs AVX2\n"); return; }
+  if (isa == cpu::Isa::kAvx2) return probes_avx2(T);
   volatile float sink = 0;
   const long iters = 4000000;
   double s = par_best(T, 5, [&](int) { sink = fma_chain(iters); });
@@ -662,33 +747,25 @@ void probes(int T) {
     std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm, 24 chains)", T * iters * 12.0 * 128 / s * 1e-9);
     (void)isink;
   }
-  for (size_t mb : {1, 8, 64, 512}) {
-    const size_t n = mb << 18, per = n / T;  // floats in all, per thread
-    float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
-    for (size_t i = 0; i < n; ++i) p[i] = 1.f;
-    s = par_best(T, mb >= 512 ? 4 : 10, [&](int t) { sink = read_sum(p + t * per, per); });
-    char name[64];
-    std::snprintf(name, sizeof(name), "read bandwidth %zu MB", mb);
-    std::printf("probe %-38s %10.1f GB/s\n", name, n * 4.0 / s * 1e-9);
-    std::free(p);
-  }
+  read_bandwidth_probes(T, cpu::Isa::kAvx512);
   (void)sink;
 }
 double dram_bandwidth_gbs(int T) {
-  if (cpu::detected_isa() < cpu::Isa::kAvx512) return 0;
+  const cpu::Isa isa = cpu::detected_isa();
+  if (isa < cpu::Isa::kAvx2) return 0;
   static double cached = 0;
   if (cached > 0) return cached;
   volatile float sink = 0;
   const size_t n = size_t{512} << 18, per = n / T;
   float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
   for (size_t i = 0; i < n; ++i) p[i] = 1.f;
-  const double s = par_best(T, 4, [&](int t) { sink = read_sum(p + t * per, per); });
+  const double s = par_best(T, 4, [&](int t) { sink = read_sum_isa(isa, p + t * per, per); });
   std::free(p);
   (void)sink;
   return cached = n * 4.0 / s * 1e-9;
 }
 #else
-void probes(int) { std::printf("probe: x86-64 GCC only\n"); }
+void probes(int, cpu::Isa) { std::printf("probe: x86-64 GCC only\n"); }
 void bench_linear_amx(Backend&, int64_t, int64_t, int64_t) {}
 void bench_amx_decode(Backend&, int64_t) {}
 double dram_bandwidth_gbs(int) { return 0; }
@@ -721,7 +798,7 @@ int main(int argc, char** argv) {
               cpu::isa_name(cpu::detected_isa()), b->num_threads(), g_bf16_matmuls ? "bfloat16" : "float32");
   auto want = [&](const char* what) { return only.empty() || only == what; };
   if (want("probe")) {
-    probes(b->num_threads());
+    probes(b->num_threads(), isa);
     // One parallel_for of one empty task per thread: the fixed cost every parallel op pays.
     cpu::ThreadPool pool(b->num_threads());
     const double us = time_us([&] {

@@ -363,6 +363,8 @@ def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path:
 
 
 PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f32 FMA (zmm)",
+          "fma_ymm_gflops": "probe peak f32 FMA (ymm)",
+          "maddubs_gops": "probe peak vpmaddubsw+vpmaddwd u8*s8 (ymm)",
           "bf16dot_gflops": "probe peak vdpbf16ps (zmm)", "amx_bf16_gflops": "probe peak AMX tdpbf16ps",
           "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)", "amx_int8_gops": "probe peak AMX tdpbusd u8*s8",
           "amx_q4_1_gops": "probe AMX int8, 32-blocks + fold (Q4_1 form)"}
@@ -395,21 +397,25 @@ print(json.dumps(out))
 """
 
 
-def run_gemm_probe(python: str, threads: int) -> dict[str, float]:
+def run_gemm_probe(python: str, threads: int, isa: str | None = None) -> dict[str, float]:
     """What the vendor's GEMM library reaches here: torch's bf16 matmul and int8 _int_mm (oneDNN,
     AMX where the CPU has it) on 4096^3, best of 3. A measured peak for real GEMMs, beside the
     instruction peaks (operands in registers) that no library reaches; empty without torch."""
-    res = subprocess.run([python, "-c", GEMM_PROBE, str(threads)], capture_output=True, text=True)
+    # oneDNN dispatches on its own: cap it at the ISA fantai is held to, so the peak is like for like.
+    env = dict(os.environ, **({"ONEDNN_MAX_CPU_ISA": {"avx2": "AVX2", "avx512": "AVX512_CORE_AMX"}.get(isa, "")}
+                             if isa in ("avx2", "avx512") else {}))
+    res = subprocess.run([python, "-c", GEMM_PROBE, str(threads)], capture_output=True, text=True, env=env)
     if res.returncode != 0:
         log(f"no vendor GEMM probe: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
         return {}
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_probe(binary: str, threads: int) -> dict[str, float]:
-    """The machine's peaks from bench_kernels --only probe (first figure on each matching line)."""
-    out = subprocess.run([binary, "--only", "probe", "--threads", str(threads)], capture_output=True, text=True,
-                         check=True).stdout
+def run_probe(binary: str, threads: int, isa: str | None = None) -> dict[str, float]:
+    """The machine's peaks from bench_kernels --only probe (first figure on each matching line), at
+    isa's vector width when given (ymm peaks for avx2)."""
+    out = subprocess.run([binary, "--only", "probe", "--threads", str(threads), *(["--isa", isa] if isa else [])],
+                         capture_output=True, text=True, check=True).stdout
     peaks: dict[str, float] = {}
     for line in out.splitlines():
         for key, prefix in PROBES.items():
@@ -449,7 +455,8 @@ def model_costs(path: str, pp_len: int) -> dict[str, float]:
 
 def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, dict[str, float]],
              peaks: dict[str, float]) -> str:
-    names = [("f32 FMA", "fma_gflops"), ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
+    names = [("f32 FMA", "fma_gflops"), ("f32 FMA ymm", "fma_ymm_gflops"), ("vpmaddubsw", "maddubs_gops"),
+             ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
              ("oneDNN bf16 GEMM", "onednn_bf16_gflops"), ("vpdpbusd", "vnni_gops"), ("AMX int8", "amx_int8_gops"),
              ("oneDNN int8 GEMM", "onednn_int8_gops"), ("AMX Q4_1 blocks", "amx_q4_1_gops")]
     names = [(n, k) for n, k in names if k in peaks]
@@ -528,6 +535,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                    help="also run a bf16 copy of --model (written by bench/make_gguf.py)")
     p.add_argument("--only-bf16", action="store_true", help="run only the bf16 copy")
+    p.add_argument("--q8_0", action=argparse.BooleanOptionalAction, default=False,
+                   help="also run a Q8_0 copy of --model (written by bench/make_q8_0_gguf.py)")
+    p.add_argument("--fantai-isa", default=None, choices=["avx512", "avx2", "scalar"],
+                   help="run fantai (and the probe) at this ISA level (FANTAI_CPU_ISA), e.g. avx2 against a "
+                        "llama.cpp built for AVX2 only (GGML_NATIVE=OFF GGML_AVX=ON GGML_AVX2=ON GGML_FMA=ON "
+                        "GGML_F16C=ON): like with like on an AVX-512 machine")
     p.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fantai-bench"))
     p.add_argument("--llama-cpp-python", default=None, help="python of a venv with llama-cpp-python")
     p.add_argument("--parallel", default="16,64", help="llama.cpp slot counts (comma-separated)")
@@ -596,6 +609,20 @@ def main(argv: list[str] | None = None) -> int:
             convert(args.model, bf16 + ".part", "bf16")
             os.replace(bf16 + ".part", bf16)
         files.append(bf16)
+    if args.q8_0 and not args.only_bf16:
+        from make_q8_0_gguf import convert as convert_q8_0
+
+        os.makedirs(args.cache_dir, exist_ok=True)
+        q8 = os.path.join(args.cache_dir, os.path.splitext(os.path.basename(args.model))[0] + ".q8_0.gguf")
+        if not os.path.exists(q8) or os.path.getmtime(q8) < os.path.getmtime(args.model):
+            log(f"writing {q8}")
+            convert_q8_0(args.model, q8 + ".part")
+            os.replace(q8 + ".part", q8)
+        files.append(q8)
+    if args.fantai_isa:
+        # Inherited by every worker; llama.cpp's ignore it (its ISA is fixed when it is built).
+        os.environ["FANTAI_CPU_ISA"] = args.fantai_isa
+        log(f"fantai at FANTAI_CPU_ISA={args.fantai_isa}")
     lcpp = args.llama_cpp_python
     if lcpp and not os.access(lcpp, os.X_OK):
         log(f"--llama-cpp-python {lcpp} is not an executable")
@@ -607,8 +634,8 @@ def main(argv: list[str] | None = None) -> int:
 
     peaks: dict[str, float] = {}
     if args.probe and os.access(args.probe, os.X_OK):
-        peaks = run_probe(args.probe, args.threads)
-        peaks.update(run_gemm_probe(sys.executable, args.threads))
+        peaks = run_probe(args.probe, args.threads, args.fantai_isa)
+        peaks.update(run_gemm_probe(sys.executable, args.threads, args.fantai_isa))
         log("peaks: " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
     else:
         log(f"no roofline: {args.probe!r} is not an executable (build with FANTAI_BUILD_TESTS=ON)")

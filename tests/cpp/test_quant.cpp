@@ -682,7 +682,7 @@ TEST(Gguf, IQ4_XS) {
 }
 
 // Random bytes of a [rows, cols] tensor with its f16 fields set to finite values of either sign.
-std::vector<uint8_t> random_blocks(int type, int64_t rows, int64_t cols, uint32_t seed) {
+std::vector<uint8_t> random_gguf_blocks(int type, int64_t rows, int64_t cols, uint32_t seed) {
   struct Layout { int elems, bytes; std::vector<int> halves; };
   const Layout l = type == model::kGgmlQ5_0    ? Layout{32, 22, {0}}
                    : type == model::kGgmlQ5_1  ? Layout{32, 24, {0, 2}}
@@ -716,7 +716,7 @@ TEST(Gguf, NewTypesRunOnTheQuantizedKernels) {
   auto fast = cpu::make_cpu_backend(cpu::detected_isa(), 2);
   uint32_t seed = 70;
   for (const Want& w : types) {
-    const std::vector<uint8_t> raw = random_blocks(w.type, n, k, seed++);
+    const std::vector<uint8_t> raw = random_gguf_blocks(w.type, n, k, seed++);
     const QuantTensor t = model::ggml_decode(raw.data(), raw.size(), w.type, n, k);
     ASSERT_EQ(t.bits, w.bits) << t.format;
     ASSERT_EQ(t.group, w.group) << t.format;
@@ -772,7 +772,7 @@ TEST(Gguf, RowPermAndBadInput) {
   for (int type : {model::kGgmlQ5_0, model::kGgmlQ5_1, model::kGgmlQ2_K, model::kGgmlQ3_K, model::kGgmlIQ4_NL,
                    model::kGgmlIQ4_XS}) {
     const int64_t cols = type == model::kGgmlQ2_K || type == model::kGgmlQ3_K || type == model::kGgmlIQ4_XS ? 256 : 32;
-    const std::vector<uint8_t> raw = random_blocks(type, 2, cols, 1);
+    const std::vector<uint8_t> raw = random_gguf_blocks(type, 2, cols, 1);
     std::vector<float> y(2 * cols);
     EXPECT_NO_THROW(model::ggml_to_f32(raw.data(), raw.size(), type, 2, cols, nullptr, y.data())) << type;
     EXPECT_THROW(model::ggml_to_f32(raw.data(), raw.size() - 1, type, 2, cols, nullptr, y.data()), InvalidArgument);

@@ -25,13 +25,60 @@ BlockInfo block_info(int32_t type) {
     case kGgmlBF16: return {1, 2};
     case kGgmlQ4_0: return {32, 18};
     case kGgmlQ4_1: return {32, 20};
+    case kGgmlQ5_0: return {32, 22};
+    case kGgmlQ5_1: return {32, 24};
     case kGgmlQ8_0: return {32, 34};
+    case kGgmlQ2_K: return {256, 84};
+    case kGgmlQ3_K: return {256, 110};
     case kGgmlQ4_K: return {256, 144};
     case kGgmlQ5_K: return {256, 176};
     case kGgmlQ6_K: return {256, 210};
+    case kGgmlIQ4_NL: return {32, 18};
+    case kGgmlIQ4_XS: return {256, 136};
   }
   FANTAI_THROW("unsupported GGUF tensor type " << type
-               << " (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+               << " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                  "IQ4_NL, IQ4_XS)");
+}
+
+// The canonical form a block format decodes into: every type's ggml dequantization is one f32
+// multiply of a per-group scale by a small integer, then (for the types with a min) one add.
+struct Canonical {
+  int32_t bits;        // 4 when every value fits a nibble, so the backend may pack two per byte
+  int32_t group;       // elements sharing one scale (and min)
+  int32_t zero_point;  // subtracted from every stored value
+  bool has_min;
+};
+
+Canonical canonical_of(int32_t type) {
+  switch (type) {
+    case kGgmlQ4_0: return {4, 32, 8, false};
+    case kGgmlQ4_1: return {4, 32, 0, true};
+    case kGgmlQ5_0: return {8, 32, 16, false};   // 5-bit values 0..31
+    case kGgmlQ5_1: return {8, 32, 0, true};
+    case kGgmlQ8_0: return {8, 32, 128, false};  // int8 stored offset by 128
+    case kGgmlQ2_K: return {4, 16, 0, true};     // 2-bit values 0..3
+    case kGgmlQ3_K: return {4, 16, 4, false};    // 3-bit values 0..7
+    case kGgmlQ4_K: return {4, 32, 0, true};
+    case kGgmlQ5_K: return {8, 32, 0, true};
+    case kGgmlQ6_K: return {8, 16, 32, false};
+    // The IQ4 types store 4-bit indices into a non-uniform table; the canonical value is the
+    // table entry offset by 128, so they take a byte each.
+    case kGgmlIQ4_NL: return {8, 32, 128, false};
+    case kGgmlIQ4_XS: return {8, 32, 128, false};
+  }
+  FANTAI_THROW("GGUF type " << type << " is not a block format");
+}
+
+// llama.cpp's IQ4_NL / IQ4_XS codebook: a 4-bit index selects one of these int8 levels (denser
+// near zero, where weights are). Part of the file format, so it must be exactly these values.
+constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+uint8_t iq4_value(int index) { return static_cast<uint8_t>(kIq4Levels[index & 0xF] + 128); }
+
+uint32_t u32_le(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
 }
 
 float half(const uint8_t* p) {
@@ -74,6 +121,84 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
         for (int i = 0; i < 16; ++i) {
           qb[i] = src[off + i] & 0xF;
           qb[i + 16] = src[off + i] >> 4;
+        }
+        break;
+      }
+      case kGgmlQ5_0:  // f16 d, u32 5th bits (bit i for element i), Q4_0's nibbles; y = (q - 16) d
+      case kGgmlQ5_1: {  // f16 d, f16 m, u32 5th bits, nibbles; y = q * d + m
+        const int off = type == kGgmlQ5_0 ? 2 : 4;
+        scale[b] = half(src);
+        if (type == kGgmlQ5_1) min[b] = half(src + 2);
+        const uint32_t qh = u32_le(src + off);
+        const uint8_t* qs = src + off + 4;
+        for (int i = 0; i < 16; ++i) {
+          qb[i] = static_cast<uint8_t>((qs[i] & 0xF) | (((qh >> i) & 1) << 4));
+          qb[i + 16] = static_cast<uint8_t>((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
+        }
+        break;
+      }
+      case kGgmlQ2_K:
+      case kGgmlQ3_K: {
+        // Both keep 2-bit values the same way: per 128-element half n, element 32 t + l (t < 4)
+        // is bits 2t..2t+1 of byte 32 n + l of the 64-byte array, and each 16 elements share a
+        // scale.
+        // Q2_K: 16 bytes (min << 4 | scale) per sub-block, 64 bytes of values, f16 d, f16 dmin;
+        //   y = (d * scale) * q - dmin * min.
+        // Q3_K: 32 bytes hmask, 64 bytes of values, 12 bytes of 6-bit scales, f16 d; element e's
+        //   third bit is bit e / 32 of hmask[e % 32] and counts -4 when clear:
+        //   y = (d * (scale - 32)) * (q + 4 hbit - 4).
+        const bool q2 = type == kGgmlQ2_K;
+        const uint8_t* qs = src + (q2 ? 16 : 32);
+        for (int n = 0; n < 2; ++n)
+          for (int t = 0; t < 4; ++t)
+            for (int l = 0; l < 32; ++l) {
+              const int e = 128 * n + 32 * t + l;
+              int v = (qs[32 * n + l] >> (2 * t)) & 3;
+              if (!q2) v |= ((src[l] >> (e / 32)) & 1) << 2;
+              qb[e] = static_cast<uint8_t>(v);
+            }
+        if (q2) {
+          const float d = half(src + 80), dmin = half(src + 82);
+          for (int s = 0; s < 16; ++s) {
+            scale[b * 16 + s] = d * static_cast<float>(src[s] & 0xF);
+            min[b * 16 + s] = -(dmin * static_cast<float>(src[s] >> 4));
+          }
+        } else {
+          // 6-bit scale s: low 4 bits in byte s (s < 8) or the high nibble of byte s - 8, high 2
+          // bits at bit 2 (s / 4) of byte 8 + s % 4.
+          const uint8_t* sc = src + 96;
+          const float d = half(src + 108);
+          for (int s = 0; s < 16; ++s) {
+            const int low = s < 8 ? sc[s] & 0xF : sc[s - 8] >> 4;
+            const int high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            scale[b * 16 + s] = d * static_cast<float>((low | (high << 4)) - 32);
+          }
+        }
+        break;
+      }
+      case kGgmlIQ4_NL: {  // f16 d, 16 bytes of table indices in Q4_0's nibble order; y = d * level
+        scale[b] = half(src);
+        for (int i = 0; i < 16; ++i) {
+          qb[i] = iq4_value(src[2 + i]);
+          qb[i + 16] = iq4_value(src[2 + i] >> 4);
+        }
+        break;
+      }
+      case kGgmlIQ4_XS: {
+        // f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes of indices. Sub-block j of 32: 6-bit
+        // scale from nibble j % 2 of scales_l[j / 2] and bits 2j..2j+1 of scales_h; its 16 bytes
+        // hold elements 0..15 (low nibbles) and 16..31 (high). y = (d * (scale - 32)) * level.
+        const float d = half(src);
+        const unsigned sh = static_cast<unsigned>(src[2]) | static_cast<unsigned>(src[3]) << 8;
+        const uint8_t* qs = src + 8;
+        for (int j = 0; j < 8; ++j) {
+          const int low = (src[4 + j / 2] >> (4 * (j % 2))) & 0xF;
+          const int high = (sh >> (2 * j)) & 3;
+          scale[b * 8 + j] = d * static_cast<float>((low | (high << 4)) - 32);
+          for (int l = 0; l < 16; ++l) {
+            qb[32 * j + l] = iq4_value(qs[16 * j + l]);
+            qb[32 * j + 16 + l] = iq4_value(qs[16 * j + l] >> 4);
+          }
         }
         break;
       }
@@ -138,8 +263,12 @@ float deq(float s, int qz, const float* min, int64_t i) {
 
 bool ggml_is_float(int32_t t) { return t == kGgmlF32 || t == kGgmlF16 || t == kGgmlBF16; }
 bool ggml_is_quant(int32_t t) {
-  return t == kGgmlQ4_0 || t == kGgmlQ4_1 || t == kGgmlQ8_0 || t == kGgmlQ4_K || t == kGgmlQ5_K ||
-         t == kGgmlQ6_K;
+  switch (t) {
+    case kGgmlQ4_0: case kGgmlQ4_1: case kGgmlQ5_0: case kGgmlQ5_1: case kGgmlQ8_0: case kGgmlQ2_K:
+    case kGgmlQ3_K: case kGgmlQ4_K: case kGgmlQ5_K: case kGgmlQ6_K: case kGgmlIQ4_NL: case kGgmlIQ4_XS:
+      return true;
+  }
+  return false;
 }
 
 const char* ggml_format_name(int32_t t) {
@@ -149,10 +278,16 @@ const char* ggml_format_name(int32_t t) {
     case kGgmlBF16: return "bf16";
     case kGgmlQ4_0: return "q4_0";
     case kGgmlQ4_1: return "q4_1";
+    case kGgmlQ5_0: return "q5_0";
+    case kGgmlQ5_1: return "q5_1";
     case kGgmlQ8_0: return "q8_0";
+    case kGgmlQ2_K: return "q2_k";
+    case kGgmlQ3_K: return "q3_k";
     case kGgmlQ4_K: return "q4_k";
     case kGgmlQ5_K: return "q5_k";
     case kGgmlQ6_K: return "q6_k";
+    case kGgmlIQ4_NL: return "iq4_nl";
+    case kGgmlIQ4_XS: return "iq4_xs";
   }
   block_info(t);  // throws the message listing the supported types
   return "?";
@@ -193,16 +328,12 @@ QuantTensor ggml_decode(const void* data, size_t nbytes, int32_t type, int64_t r
   t.rows = rows;
   t.cols = cols;
   t.format = ggml_format_name(type);
-  switch (type) {
-    case kGgmlQ8_0: t.bits = 8; t.group = 32; t.zero_point = 128; break;
-    case kGgmlQ4_0: t.bits = 4; t.group = 32; t.zero_point = 8; break;
-    case kGgmlQ4_1: t.bits = 4; t.group = 32; break;
-    case kGgmlQ4_K: t.bits = 4; t.group = 32; break;
-    case kGgmlQ5_K: t.bits = 8; t.group = 32; break;
-    case kGgmlQ6_K: t.bits = 8; t.group = 16; t.zero_point = 32; break;
-  }
+  const Canonical c = canonical_of(type);
+  t.bits = c.bits;
+  t.group = c.group;
+  t.zero_point = c.zero_point;
   const int64_t ng = cols / t.group;
-  const bool has_min = type == kGgmlQ4_1 || type == kGgmlQ4_K || type == kGgmlQ5_K;
+  const bool has_min = c.has_min;
   t.q.resize(static_cast<size_t>(rows * cols));
   t.scale.resize(static_cast<size_t>(rows * ng));
   if (has_min) t.min.resize(static_cast<size_t>(rows * ng));

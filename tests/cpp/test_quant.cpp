@@ -619,6 +619,187 @@ TEST(Gguf, Q6_K) {
     EXPECT_EQ(y[e], d * static_cast<float>(sc[e / 16]) * static_cast<float>(q[e] - 32)) << e;
 }
 
+// Element e's 5-bit value q[e] of a Q5_0 / Q5_1 block: nibbles as Q4_0, 5th bits in a
+// little-endian u32 at `at`.
+void pack_q5(const int* q, std::vector<uint8_t>& b, size_t at) {
+  uint32_t qh = 0;
+  for (int i = 0; i < 16; ++i) {
+    b[at + 4 + i] = static_cast<uint8_t>((q[i] & 15) | ((q[i + 16] & 15) << 4));
+    qh |= static_cast<uint32_t>(q[i] >> 4) << i | static_cast<uint32_t>(q[i + 16] >> 4) << (i + 16);
+  }
+  for (int i = 0; i < 4; ++i) b[at + i] = static_cast<uint8_t>(qh >> (8 * i));
+}
+
+TEST(Gguf, Q5_0AndQ5_1) {
+  int q[32];
+  for (int e = 0; e < 32; ++e) q[e] = (e * 7 + 3) % 32;
+  q[0] = 31;  // every bit position of the u32 is exercised both ways
+  q[31] = 16;
+  std::vector<uint8_t> b(22);
+  put_half(b, 0, 0.375f);
+  pack_q5(q, b, 2);
+  auto y = decode(b, model::kGgmlQ5_0, 1, 32);
+  for (int e = 0; e < 32; ++e) EXPECT_EQ(y[e], 0.375f * static_cast<float>(q[e] - 16)) << e;
+  std::vector<uint8_t> c(24);
+  put_half(c, 0, 0.0625f);
+  put_half(c, 2, -0.8125f);
+  pack_q5(q, c, 4);
+  y = decode(c, model::kGgmlQ5_1, 1, 32);
+  for (int e = 0; e < 32; ++e) {
+    volatile float prod = 0.0625f * static_cast<float>(q[e]);
+    EXPECT_EQ(y[e], prod + -0.8125f) << e;
+  }
+}
+
+TEST(Gguf, Q2_K) {
+  std::vector<uint8_t> b(84);
+  int q[256];
+  for (int e = 0; e < 256; ++e) q[e] = (e * 5 + e / 16) % 4;
+  for (int s = 0; s < 16; ++s) b[s] = static_cast<uint8_t>(((15 - s) << 4) | ((s * 7) % 16));
+  for (int n = 0; n < 2; ++n)
+    for (int t = 0; t < 4; ++t)
+      for (int l = 0; l < 32; ++l) b[16 + 32 * n + l] |= static_cast<uint8_t>(q[128 * n + 32 * t + l] << (2 * t));
+  const float d = 0.046875f, dmin = 0.0234375f;
+  put_half(b, 80, d);
+  put_half(b, 82, dmin);
+  const auto y = decode(b, model::kGgmlQ2_K, 1, 256);
+  for (int e = 0; e < 256; ++e) {
+    const float dl = d * static_cast<float>(b[e / 16] & 15), ml = dmin * static_cast<float>(b[e / 16] >> 4);
+    volatile float prod = dl * static_cast<float>(q[e]);
+    EXPECT_EQ(y[e], prod - ml) << e;
+  }
+}
+
+TEST(Gguf, Q3_K) {
+  std::vector<uint8_t> b(110);
+  int q[256], sc[16];
+  for (int e = 0; e < 256; ++e) q[e] = (e * 3 + e / 32) % 8 - 4;  // -4..3
+  for (int s = 0; s < 16; ++s) sc[s] = (s * 37 + 5) % 64;
+  sc[15] = 63;
+  sc[3] = 0;
+  for (int e = 0; e < 256; ++e) {
+    const int v = q[e] + 4;  // 2 low bits, and the third bit set when the value is >= 0
+    b[32 + 32 * (e / 128) + e % 32] |= static_cast<uint8_t>((v & 3) << (2 * ((e / 32) % 4)));
+    b[e % 32] |= static_cast<uint8_t>((v >> 2) << (e / 32));
+  }
+  for (int s = 0; s < 16; ++s) {
+    b[96 + s % 8] |= static_cast<uint8_t>((sc[s] & 15) << (s < 8 ? 0 : 4));
+    b[96 + 8 + s % 4] |= static_cast<uint8_t>((sc[s] >> 4) << (2 * (s / 4)));
+  }
+  const float d = 0.01171875f;
+  put_half(b, 108, d);
+  const auto y = decode(b, model::kGgmlQ3_K, 1, 256);
+  for (int e = 0; e < 256; ++e)
+    EXPECT_EQ(y[e], (d * static_cast<float>(sc[e / 16] - 32)) * static_cast<float>(q[e])) << e;
+}
+
+// llama.cpp's IQ4 codebook, as the GGUF format defines it.
+constexpr int kIq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+TEST(Gguf, IQ4_NL) {
+  std::vector<uint8_t> b(18);
+  int idx[32];
+  for (int e = 0; e < 32; ++e) idx[e] = (e * 9 + 4) % 16;
+  for (int i = 0; i < 16; ++i) b[2 + i] = static_cast<uint8_t>(idx[i] | (idx[i + 16] << 4));
+  put_half(b, 0, -0.0048828125f);
+  const auto y = decode(b, model::kGgmlIQ4_NL, 1, 32);
+  for (int e = 0; e < 32; ++e) EXPECT_EQ(y[e], -0.0048828125f * static_cast<float>(kIq4[idx[e]])) << e;
+}
+
+TEST(Gguf, IQ4_XS) {
+  std::vector<uint8_t> b(136);
+  int idx[256], ls[8] = {0, 63, 32, 17, 45, 31, 33, 8};
+  for (int e = 0; e < 256; ++e) idx[e] = (e * 5 + e / 32) % 16;
+  uint16_t sh = 0;
+  for (int j = 0; j < 8; ++j) {
+    b[4 + j / 2] |= static_cast<uint8_t>((ls[j] & 15) << (4 * (j % 2)));
+    sh |= static_cast<uint16_t>((ls[j] >> 4) << (2 * j));
+  }
+  b[2] = static_cast<uint8_t>(sh & 0xFF);
+  b[3] = static_cast<uint8_t>(sh >> 8);
+  for (int j = 0; j < 8; ++j)
+    for (int l = 0; l < 16; ++l) b[8 + 16 * j + l] = static_cast<uint8_t>(idx[32 * j + l] | (idx[32 * j + 16 + l] << 4));
+  const float d = 0.0029296875f;
+  put_half(b, 0, d);
+  const auto y = decode(b, model::kGgmlIQ4_XS, 1, 256);
+  for (int e = 0; e < 256; ++e)
+    EXPECT_EQ(y[e], (d * static_cast<float>(ls[e / 32] - 32)) * static_cast<float>(kIq4[idx[e]])) << e;
+}
+
+// Random bytes of a [rows, cols] tensor with its f16 fields set to finite values of either sign.
+std::vector<uint8_t> random_gguf_blocks(int type, int64_t rows, int64_t cols, uint32_t seed) {
+  struct Layout { int elems, bytes; std::vector<int> halves; };
+  const Layout l = type == model::kGgmlQ5_0    ? Layout{32, 22, {0}}
+                   : type == model::kGgmlQ5_1  ? Layout{32, 24, {0, 2}}
+                   : type == model::kGgmlQ2_K  ? Layout{256, 84, {80, 82}}
+                   : type == model::kGgmlQ3_K  ? Layout{256, 110, {108}}
+                   : type == model::kGgmlIQ4_NL ? Layout{32, 18, {0}}
+                                                : Layout{256, 136, {0}};  // IQ4_XS
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> mag(0.001f, 0.05f);
+  const int64_t nb = rows * cols / l.elems;
+  std::vector<uint8_t> b(static_cast<size_t>(nb * l.bytes));
+  for (auto& v : b) v = static_cast<uint8_t>(byte(g));
+  for (int64_t i = 0; i < nb; ++i)
+    for (int at : l.halves) put_half(b, static_cast<size_t>(i * l.bytes + at), (byte(g) & 1 ? 1.f : -1.f) * mag(g));
+  return b;
+}
+
+// The decoded forms are valid canonical matrices (Q2_K / Q3_K: 4-bit values in groups of 16),
+// and both CPU kernels run them: the exact one equals the dense linear on the dequantized matrix
+// bit for bit; the default one (int8 activations where the CPU has VNNI) stays within the
+// activation rounding, max|x| / 254 per 32-column block, times sum |w|.
+TEST(Gguf, NewTypesRunOnTheQuantizedKernels) {
+  struct Want { int type, bits, group; };
+  const Want types[] = {{model::kGgmlQ5_0, 8, 32},  {model::kGgmlQ5_1, 8, 32},  {model::kGgmlQ2_K, 4, 16},
+                        {model::kGgmlQ3_K, 4, 16},  {model::kGgmlIQ4_NL, 8, 32}, {model::kGgmlIQ4_XS, 8, 32}};
+  const int64_t n = 21, k = 512, m = 5;
+  setenv("FANTAI_QUANT_KERNEL", "f32", 1);
+  auto exact = cpu::make_cpu_backend(cpu::detected_isa(), 2);
+  unsetenv("FANTAI_QUANT_KERNEL");
+  auto fast = cpu::make_cpu_backend(cpu::detected_isa(), 2);
+  uint32_t seed = 70;
+  for (const Want& w : types) {
+    const std::vector<uint8_t> raw = random_gguf_blocks(w.type, n, k, seed++);
+    const QuantTensor t = model::ggml_decode(raw.data(), raw.size(), w.type, n, k);
+    ASSERT_EQ(t.bits, w.bits) << t.format;
+    ASSERT_EQ(t.group, w.group) << t.format;
+    ASSERT_NO_THROW(check_quant_matrix(t.view())) << t.format;
+    std::vector<float> wd(n * k);
+    model::dequantize(t.view(), wd.data());
+    const std::vector<float> x = randn(m * k, seed++);
+    std::vector<float> got(m * n), want(m * n);
+    for (Backend* be : {exact.get(), fast.get()}) {
+      std::vector<uint8_t> mem(be->quant_packed_bytes(t.view()) + 64);
+      void* dst = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63});
+      const QuantMatrix p = be->pack_quant(t.view(), dst);
+      be->linear_q(x.data(), p, nullptr, got.data(), m, n);
+      if (be == exact.get()) {
+        exact->linear(x.data(), wd.data(), DType::kF32, nullptr, want.data(), m, n, k);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << t.format;
+        continue;
+      }
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0, bound = 0, mag = 0;
+          for (int64_t c0 = 0; c0 < k; c0 += 32) {
+            double amax = 0, wsum = 0;
+            for (int64_t c = c0; c < c0 + 32; ++c) {
+              const double xv = x[r * k + c], wv = wd[j * k + c];
+              ref += xv * wv;
+              mag += std::fabs(xv * wv);
+              amax = std::max(amax, std::fabs(xv));
+              wsum += std::fabs(wv);
+            }
+            bound += amax / 254 * wsum;
+          }
+          ASSERT_NEAR(got[r * n + j], ref, 1.01 * bound + 1e-5 * mag) << t.format << " at (" << r << ", " << j << ")";
+        }
+    }
+  }
+}
+
 TEST(Gguf, RowPermAndBadInput) {
   std::vector<uint8_t> b(3 * 34);
   for (int r = 0; r < 3; ++r) {
@@ -630,7 +811,19 @@ TEST(Gguf, RowPermAndBadInput) {
   model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ8_0, 3, 32, perm, out.data());
   for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r * 32 + 5], 5.f * (perm[r] + 1));
   EXPECT_THROW(model::ggml_to_f32(b.data(), b.size() - 1, model::kGgmlQ8_0, 3, 32, nullptr, out.data()), InvalidArgument);
-  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), 6 /* Q5_0 */, 3, 32, nullptr, out.data()), InvalidArgument);
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), 15 /* Q8_K */, 3, 32, nullptr, out.data()), InvalidArgument);
+  // A whole Q5_0 block's bytes per row of Q8_0 are the wrong size for Q5_0: rejected, not read.
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ5_0, 3, 32, nullptr, out.data()), InvalidArgument);
+  for (int type : {model::kGgmlQ5_0, model::kGgmlQ5_1, model::kGgmlQ2_K, model::kGgmlQ3_K, model::kGgmlIQ4_NL,
+                   model::kGgmlIQ4_XS}) {
+    const int64_t cols = type == model::kGgmlQ2_K || type == model::kGgmlQ3_K || type == model::kGgmlIQ4_XS ? 256 : 32;
+    const std::vector<uint8_t> raw = random_gguf_blocks(type, 2, cols, 1);
+    std::vector<float> y(2 * cols);
+    EXPECT_NO_THROW(model::ggml_to_f32(raw.data(), raw.size(), type, 2, cols, nullptr, y.data())) << type;
+    EXPECT_THROW(model::ggml_to_f32(raw.data(), raw.size() - 1, type, 2, cols, nullptr, y.data()), InvalidArgument);
+    EXPECT_THROW(model::ggml_decode(raw.data(), raw.size() / 2, type, 2, cols), InvalidArgument);
+    EXPECT_THROW(model::ggml_decode(raw.data(), raw.size(), type, 1, cols + 16), InvalidArgument);  // partial block
+  }
   EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ8_0, 3, 33, nullptr, out.data()), InvalidArgument);
 }
 

@@ -10,18 +10,25 @@ from __future__ import annotations
 import numpy as np
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
+Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS = 6, 7, 10, 11, 20, 23
 BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
-         F32: (1, 4), F16: (1, 2), BF16: (1, 2)}
+         Q5_0: (32, 22), Q5_1: (32, 24), Q2_K: (256, 84), Q3_K: (256, 110), IQ4_NL: (32, 18),
+         IQ4_XS: (256, 136), F32: (1, 4), F16: (1, 2), BF16: (1, 2)}
 # byte offsets of f16 fields inside a block (the rest of a block is free-form bits)
-_HALF_FIELDS = {Q4_0: (0,), Q4_1: (0, 2), Q8_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,)}
+_HALF_FIELDS = {Q4_0: (0,), Q4_1: (0, 2), Q8_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,),
+                Q5_0: (0,), Q5_1: (0, 2), Q2_K: (80, 82), Q3_K: (108,), IQ4_NL: (0,), IQ4_XS: (0,)}
+# llama.cpp's 16-level IQ4 codebook (kvalues_iq4nl): part of the IQ4_NL / IQ4_XS formats
+IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 def _f16(block: np.ndarray, at: int) -> np.float32:
     return np.float32(block[at:at + 2].copy().view(np.float16)[0])
 
 
-def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random bytes of a rows x cols tensor of `ggml_type` whose f16 scale fields are finite."""
+def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator,
+                  magnitude: float = 0.05) -> np.ndarray:
+    """Random bytes of a rows x cols tensor of `ggml_type` whose f16 scale fields are finite, of
+    either sign and magnitude in [magnitude / 50, magnitude]."""
     per, nbytes = BLOCK[ggml_type]
     assert cols % per == 0
     if ggml_type == F32:
@@ -34,7 +41,7 @@ def random_blocks(ggml_type: int, rows: int, cols: int, rng: np.random.Generator
     blocks = rng.integers(0, 256, size=(rows * cols // per, nbytes), dtype=np.uint8)
     for at in _HALF_FIELDS[ggml_type]:
         sign = rng.choice([-1.0, 1.0], size=blocks.shape[0])
-        halves = (sign * rng.uniform(1e-3, 0.05, size=blocks.shape[0])).astype(np.float16)
+        halves = (sign * rng.uniform(magnitude / 50, magnitude, size=blocks.shape[0])).astype(np.float16)
         blocks[:, at:at + 2] = halves.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
 
@@ -115,7 +122,73 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
     return y
 
 
-_BLOCK_FN = {Q4_0: _q4_0, Q4_1: _q4_1, Q8_0: _q8_0, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
+def _nibble(qs: np.ndarray, i: int) -> int:
+    """Element i of a 32-element run stored as 16 bytes: low nibbles first, then high nibbles."""
+    return (int(qs[i % 16]) >> (4 * (i // 16))) & 0xF
+
+
+def _q5(b: np.ndarray, with_min: bool) -> np.ndarray:
+    at = 4 if with_min else 2
+    qh = int.from_bytes(b[at:at + 4].tobytes(), "little")  # bit i: 5th bit of element i
+    q = np.array([_nibble(b[at + 4:at + 20], i) | (((qh >> i) & 1) << 4) for i in range(32)])
+    d = _f16(b, 0)
+    if with_min:
+        return q.astype(np.float32) * d + _f16(b, 2)
+    return (q - 16).astype(np.float32) * d
+
+
+def _two_bits(qs: np.ndarray, e: int) -> int:
+    """Q2_K / Q3_K low bits: per 128 elements 32 bytes, element 32 t + l in bits 2t.. of byte l."""
+    return (int(qs[32 * (e // 128) + e % 32]) >> (2 * ((e // 32) % 4))) & 3
+
+
+def _q2_k(b: np.ndarray) -> np.ndarray:
+    sc, qs, d, dmin = b[0:16], b[16:80], _f16(b, 80), _f16(b, 82)
+    y = np.empty(256, np.float32)
+    for e in range(256):
+        s = int(sc[e // 16])  # low nibble: scale, high nibble: min
+        dl, ml = d * np.float32(s & 0xF), dmin * np.float32(s >> 4)
+        y[e] = dl * np.float32(_two_bits(qs, e)) - ml
+    return y
+
+
+def _q3_k(b: np.ndarray) -> np.ndarray:
+    hmask, qs, sc, d = b[0:32], b[32:96], b[96:108], _f16(b, 108)
+    scales = []
+    for s in range(16):  # 4 low bits: nibbles of bytes 0..7; 2 high bits: crumbs of bytes 8..11
+        low = (int(sc[s % 8]) >> (4 * (s // 8))) & 0xF
+        high = (int(sc[8 + s % 4]) >> (2 * (s // 4))) & 3
+        scales.append(np.float32((low | (high << 4)) - 32))
+    y = np.empty(256, np.float32)
+    for e in range(256):
+        hbit = (int(hmask[e % 32]) >> (e // 32)) & 1
+        q = _two_bits(qs, e) - (0 if hbit else 4)
+        y[e] = (d * scales[e // 16]) * np.float32(q)
+    return y
+
+
+def _iq4_nl(b: np.ndarray) -> np.ndarray:
+    d = _f16(b, 0)
+    return np.array([d * np.float32(IQ4_LEVELS[_nibble(b[2:18], i)]) for i in range(32)], np.float32)
+
+
+def _iq4_xs(b: np.ndarray) -> np.ndarray:
+    d = _f16(b, 0)
+    scales_h = int(b[2]) | (int(b[3]) << 8)
+    y = np.empty(256, np.float32)
+    for j in range(8):
+        low = (int(b[4 + j // 2]) >> (4 * (j % 2))) & 0xF
+        ls = low | (((scales_h >> (2 * j)) & 3) << 4)
+        dl = d * np.float32(ls - 32)
+        qs = b[8 + 16 * j:24 + 16 * j]
+        for i in range(32):
+            y[32 * j + i] = dl * np.float32(IQ4_LEVELS[_nibble(qs, i)])
+    return y
+
+
+_BLOCK_FN = {Q4_0: _q4_0, Q4_1: _q4_1, Q8_0: _q8_0, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k,
+             Q5_0: lambda b: _q5(b, False), Q5_1: lambda b: _q5(b, True), Q2_K: _q2_k, Q3_K: _q3_k,
+             IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs}
 
 
 def ggml_dequantize_ref(data: np.ndarray, ggml_type: int, rows: int, cols: int) -> np.ndarray:

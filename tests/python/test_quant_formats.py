@@ -16,11 +16,18 @@ from fantai.weights import gptq_awq as ga
 from fantai.weights.gguf_loader import unpermute_qk, unpermute_qk_rows
 from quant_reference import (
     BF16,
+    BLOCK,
     F16,
     F32,
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
     Q4_0,
     Q4_1,
     Q4_K,
+    Q5_0,
+    Q5_1,
     Q5_K,
     Q6_K,
     Q8_0,
@@ -35,7 +42,8 @@ from quant_reference import (
 )
 from tiny_models import build_tiny_model
 
-ALL_GGML = [F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K]
+NEW_GGML = [Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS]
+ALL_GGML = [F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, *NEW_GGML]
 needs_quant_core = pytest.mark.skipif(
     not hasattr(_C, "ggml_dequantize") or not hasattr(_C.Model, "set_tensor_quant"),
     reason="this core has no quantized weights (the C++ half lands on branch qcore)")
@@ -267,6 +275,31 @@ def test_core_ggml_dequantize_is_bit_exact(ggml_type: int, rows: int, cols: int)
     got = _C.ggml_dequantize(data, ggml_type, rows, cols)
     assert got.dtype == np.float32 and got.shape == (rows, cols)
     assert _bits_equal(got, ggml_dequantize_ref(data, ggml_type, rows, cols))
+
+
+@needs_quant_core
+@pytest.mark.parametrize("ggml_type", NEW_GGML)
+def test_core_decodes_new_types_like_gguf_py(ggml_type: int) -> None:
+    """The core's decoder against gguf-py's dequantize directly, bit for bit, on random valid
+    blocks: every byte random but the f16 scales, which get finite values of both signs and of
+    very different sizes (subnormal f16 ones included)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    per, nbytes = BLOCK[ggml_type]
+    for magnitude, rows in ((0.05, 7), (3.0, 2), (1e-5, 3)):
+        rng = np.random.default_rng(ggml_type * 31 + rows)
+        cols = 4 * 256
+        data = random_blocks(ggml_type, rows, cols, rng, magnitude)
+        want = dequantize(data.reshape(rows, -1), gguf.GGMLQuantizationType(ggml_type)).astype(np.float32)
+        got = _C.ggml_dequantize(data, ggml_type, rows, cols)
+        assert np.isfinite(want).all() and np.count_nonzero(want) > rows * cols // 2
+        assert _bits_equal(got, want.reshape(rows, cols)), (ggml_type, magnitude)
+    # one byte off, a partial block, an unknown type: errors, never a read past the end
+    with pytest.raises(ValueError, match="needs"):
+        _C.ggml_dequantize(data[:-1], ggml_type, rows, cols)
+    with pytest.raises(ValueError, match="block"):
+        _C.ggml_dequantize(data[:nbytes], ggml_type, 1, per + 16)
 
 
 @needs_quant_core
@@ -726,3 +759,160 @@ def test_generate_cli_takes_quantization_and_rejects_double_quantization(tmp_pat
     _write_quantized_twin(src, qdir, tmp_path / "dense", "awq", 4, 32, False, False)
     with pytest.raises(ValueError, match="already quantized"):
         load_model(str(qdir), quantization="int8")
+
+
+# ---- the GGUF types llama.cpp's common mixes need ------------------------------------------
+# Per layer, the types of attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down. Layer 0
+# is what llama.cpp's Q4_K_M writes for a hidden size of 576 (not whole 256-blocks): the 576-wide
+# rows fall back from Q4_K to Q5_0 and from Q6_K to Q8_0, the 512-wide down rows stay K-quants.
+# The other layers put each new type in several places (parts of one fused qkv / gate_up differ).
+_GGUF_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_NEW_TYPES_MIX = [
+    (Q5_0, Q5_0, Q8_0, Q5_0, Q5_0, Q5_0, Q4_K),
+    (IQ4_NL, Q5_1, Q5_0, IQ4_NL, Q5_1, IQ4_NL, Q2_K),
+    (Q5_1, IQ4_NL, Q5_1, Q5_0, IQ4_NL, Q5_0, Q3_K),
+    (Q5_0, Q5_0, IQ4_NL, Q5_1, Q5_0, Q5_1, IQ4_XS),
+]
+# f16 scale sizes that give weights of roughly 0.01..0.1 (each format multiplies d by a different
+# integer range), so the random model's activations stay ordinary through four layers
+_WEIGHT_MAGNITUDE = {Q5_0: 0.004, Q5_1: 0.003, Q8_0: 0.0006, Q4_K: 0.0003, Q2_K: 0.004, Q3_K: 0.0008,
+                     IQ4_NL: 0.0008, IQ4_XS: 0.00004}
+
+
+def _gguf_header(path: Path, hidden: int, inter: int, layers: int, vocab: int):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(9)
+    w.add_head_count_kv(3)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)])
+    w.add_token_types([1] * vocab)
+    w.add_token_merges([])
+    return w
+
+
+def _new_types_gguf(path: Path) -> None:
+    """A four-layer llama GGUF (hidden 576, 9 heads / 3 kv heads, tied Q8_0 embedding) whose
+    linears are random valid blocks of _NEW_TYPES_MIX's types."""
+    import gguf
+
+    rng = np.random.default_rng(576)
+    hidden, inter, vocab = 576, 512, 64
+    w = _gguf_header(path, hidden, inter, len(_NEW_TYPES_MIX), vocab)
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (192, hidden), "attn_v": (192, hidden),
+              "attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
+              "ffn_down": (hidden, inter)}
+
+    def raw(name: str, t: int, rows: int, cols: int) -> None:
+        data = random_blocks(t, rows, cols, rng, 0.0005 if name == "token_embd.weight" else _WEIGHT_MAGNITUDE[t])
+        w.add_tensor(name, data.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(t))
+
+    raw("token_embd.weight", Q8_0, vocab, hidden)
+    for layer, kinds in enumerate(_NEW_TYPES_MIX):
+        for part, t in zip(_GGUF_PARTS, kinds):
+            raw(f"blk.{layer}.{part}.weight", t, *shapes[part])
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{layer}.{norm}.weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_file_sizes_the_new_types_as_gguf_py_does(tmp_path: Path) -> None:
+    from fantai.weights.gguf_file import GGUFFile
+    from fantai.weights.gguf_loader import load_gguf
+    from gguf import GGUFReader
+
+    path = tmp_path / "mix.gguf"
+    _new_types_gguf(path)
+    ours, theirs = GGUFFile(str(path)), GGUFReader(str(path), "r")
+    assert {t.ggml_type for t in ours.tensors} >= set(NEW_GGML)
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.ggml_type, a.offset, a.nbytes) == (b.name, int(b.tensor_type), b.data_offset, b.n_bytes)
+    types = load_gguf(str(path)).tensor_types()
+    assert types["blk.1.ffn_down.weight"] == "Q2_K" and types["blk.3.ffn_down.weight"] == "IQ4_XS"
+    assert types["blk.1.attn_q.weight"] == "IQ4_NL" and types["blk.0.attn_q.weight"] == "Q5_0"
+
+
+def test_gguf_types_fantai_cannot_load_are_named(tmp_path: Path) -> None:
+    import gguf
+    from fantai.weights.gguf_loader import load_gguf
+
+    rng = np.random.default_rng(0)
+    for qtype, name in ((16, "IQ2_XXS"), (15, "Q8_K")):  # unknown to the reader / read but not loaded
+        path = tmp_path / f"{name}.gguf"
+        w = _gguf_header(path, 256, 256, 1, 32)
+        per, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+        data = rng.integers(0, 256, (256, 256 // per * nbytes), dtype=np.uint8)
+        w.add_tensor("blk.0.attn_q.weight", data, raw_dtype=gguf.GGMLQuantizationType(qtype))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(ValueError, match=rf"blk\.0\.attn_q\.weight has ggml type {qtype} \({name}\)") as e:
+            model = load_gguf(str(path))
+            list(model.raw_tensors())
+        assert "Q5_0" in str(e.value) and "IQ4_XS" in str(e.value), str(e.value)
+
+
+@needs_quant_core
+def test_gguf_with_the_new_types_computes_gguf_py_dequantized_model(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Q4_K_M-style file of a 576-wide model (Q5_0 / Q8_0 fallbacks) plus every new type: kept
+    quantized, its logits equal bit for bit those of a model built from gguf-py's dequantization
+    of the same file (exact-activation kernels), greedy tokens those of fantai's dequantized load;
+    the default kernel (int8 activations on AVX512-VNNI) stays close."""
+    from fantai import LLM, SamplingParams
+    from fantai.weights.gguf_file import GGML_TYPE_NAMES
+    from fantai.weights.gguf_loader import hf_tensor_name, load_gguf
+
+    path = tmp_path / "mix.gguf"
+    _new_types_gguf(path)
+    quant = LLM(str(path), dtype="float32", kv_cache_memory="16M")
+    formats = quant._model.weight_formats()
+    for layer, kinds in enumerate(_NEW_TYPES_MIX):
+        for part, t in zip(_GGUF_PARTS, kinds):
+            hf = hf_tensor_name(f"blk.{layer}.{part}.weight")
+            assert formats[hf] == GGML_TYPE_NAMES[t].lower(), (hf, formats[hf])
+
+    gguf = load_gguf(str(path))  # gguf-py's dequantizers, q/k rows un-permuted in NumPy
+    twin = _C.Model.create(json.dumps(gguf.config), "float32", "cpu", 2, "none")
+    for name, w in gguf.tensors():
+        twin.set_tensor(name, w)
+    twin.finalize()
+    gguf.close()
+    assert quant._model.weight_bytes() < twin.weight_bytes() / 2.5
+
+    ids = np.random.default_rng(3).integers(3, 64, 40).tolist()
+    lq, lt = quant._model.score(ids), twin.score(ids)
+    assert np.isfinite(lt).all() and lt.std() > 0.1  # a comparison that can fail
+    assert _bits_equal(lq, lt)
+
+    dense = LLM(str(path), dtype="float32", kv_cache_memory="16M", dequantize=True)
+    prompts = [[5, 17, 9, 33, 12], [7, 8, 9, 10, 11, 12, 13, 40]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+
+    monkeypatch.delenv("FANTAI_QUANT_KERNEL")
+    fast = LLM(str(path), dtype="float32", kv_cache_memory="16M")
+    lf = fast._model.score(ids)
+    spread = float(np.abs(lt - lt.mean(axis=1, keepdims=True)).mean())
+    err = float(np.abs(lf - lt).mean())
+    top1 = float((lf.argmax(1) == lt.argmax(1)).mean())
+    print(f"new GGUF types, default kernel vs exact: mean |dlogit| {err:.4f} (spread {spread:.3f}), top-1 {top1:.2f}")
+    assert err < 0.15 * spread

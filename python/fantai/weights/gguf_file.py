@@ -33,10 +33,31 @@ _NUMPY = {
 GGML_BLOCK = {
     0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),
     10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
-    24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2),
+    20: (32, 18), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2),
 }
 GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-                   10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 30: "BF16"}
+                   10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 20: "IQ4_NL",
+                   23: "IQ4_XS", 30: "BF16"}
+# The types the core loads (cpp/model/quant_formats.cpp): dense, or block formats it keeps quantized.
+SUPPORTED_TYPES = (0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23)
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    """Q4_K, IQ2_XXS, ...: gguf-py's name for types this reader does not list, else the number."""
+    if ggml_type in GGML_TYPE_NAMES:
+        return GGML_TYPE_NAMES[ggml_type]
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(ggml_type).name
+    except (ImportError, ValueError):
+        return str(ggml_type)
+
+
+def unsupported_type_message(tensor: str, ggml_type: int) -> str:
+    supported = ", ".join(GGML_TYPE_NAMES[t] for t in SUPPORTED_TYPES)
+    return (f"tensor {tensor} has ggml type {ggml_type} ({ggml_type_name(ggml_type)}), which fantai cannot load "
+            f"(supported: {supported})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +117,7 @@ class GGUFFile:
         start = (pos + align - 1) // align * align
         for name, dims, gtype, offset in infos:
             if gtype not in GGML_BLOCK:
-                raise ValueError(f"{self.path}: tensor {name} has ggml type {gtype}, which is not supported")
+                raise ValueError(f"{self.path}: {unsupported_type_message(name, gtype)}")
             block, block_bytes = GGML_BLOCK[gtype]
             n = 1
             for d in dims:

@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from fantai.weights.gguf_file import GGML_TYPE_NAMES, GGUFFile, TensorInfo
+from fantai.weights.gguf_file import (
+    SUPPORTED_TYPES,
+    GGUFFile,
+    TensorInfo,
+    ggml_type_name,
+    unsupported_type_message,
+)
 
 GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
 DENSE_TYPES = frozenset({GGML_F32, GGML_F16, GGML_BF16})
@@ -208,7 +214,7 @@ class GGUFModel:
 
     def tensor_types(self) -> dict[str, str]:
         """GGUF tensor name -> ggml type name (Q4_1, Q8_0, F32, ...)."""
-        return {t.name: GGML_TYPE_NAMES.get(t.ggml_type, str(t.ggml_type)) for t in self._file.tensors}
+        return {t.name: ggml_type_name(t.ggml_type) for t in self._file.tensors}
 
     def unmapped_tensor_names(self) -> list[str]:
         """GGUF tensors with no HF parameter (e.g. rope_freqs); tensors() skips them."""
@@ -230,6 +236,8 @@ class GGUFModel:
 
     def raw_tensor(self, gguf_name: str, hf_name: str | None = None) -> RawTensor:
         t = self._by_name[gguf_name]
+        if t.ggml_type not in SUPPORTED_TYPES:  # said here, with the tensor's name, not by the core
+            raise ValueError(f"{self.path}: {unsupported_type_message(gguf_name, t.ggml_type)}")
         rows, cols = t.rows_cols
         heads = self._qk_heads(gguf_name)
         n = rows if len(t.shape) >= 2 else cols  # a 1-D q/k bias is permuted element-wise

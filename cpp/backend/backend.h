@@ -67,7 +67,8 @@ struct AttentionParams {
 //   w[r, c] = scale[r, g] * float(q[r, c] - zero[r, g]) (+ min[r, g] when min != nullptr),
 //   g = c / group,
 // evaluated as one multiply and then one add, in f32, so every supported file format (GGUF
-// Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K, GPTQ, AWQ, online RTN) dequantizes bit-exactly. The last group
+// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the K-quants Q2_K..Q6_K, IQ4_NL/IQ4_XS, GPTQ, AWQ, online RTN)
+// dequantizes bit-exactly. The last group
 // may be partial; group == cols is per-channel. perm (GPTQ act-order): stored column c multiplies
 // input x[perm[c]].
 // Two layouts share the struct: canonical (host, layout == 0: q one byte per element, ld = cols

@@ -16,7 +16,8 @@ namespace fantai::cpu {
 //          32b+16+i in its high nibble (one 16-byte load gives two 16-lane vectors), ld =
 //          ceil(cols / 32) * 16. Padding is zero, so whole-vector loads never leave the row.
 //   scale  f32 [rows, ngroups]; zero u8 [rows, ngroups] unless every group has the same zero
-//          (then zero == nullptr and zero_point holds it: GGUF Q8_0/Q4_0/Q6_K, symmetric RTN);
+//          (then zero == nullptr and zero_point holds it: GGUF Q8_0/Q4_0/Q5_0/Q3_K/Q6_K/IQ4,
+//          symmetric RTN);
 //          min f32 [rows, ngroups] or absent; perm i32 [cols] or absent.
 // group must be a multiple of 16 or cover all columns, so no vector step straddles two groups.
 constexpr int32_t kCpuQuantLayout = 1;

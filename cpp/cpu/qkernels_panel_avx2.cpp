@@ -189,23 +189,19 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
   }
 }
 
-template <int BITS, bool HZ, bool HM>
-void linear_panel_s(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
-  if (w.layout == kCpuQuantPanelHalfLayout) linear_panel_t<BITS, HZ, HM, true>(x, w, bias, y, m, ldy, p0, p1);
-  else linear_panel_t<BITS, HZ, HM, false>(x, w, bias, y, m, ldy, p0, p1);
-}
+template <int BITS, bool HZ, bool HM, bool HS>
+struct PanelKernel {
+  static void run(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                  int64_t ldy, int64_t p0, int64_t p1) {
+    linear_panel_t<BITS, HZ, HM, HS>(x, w, bias, y, m, ldy, p0, p1);
+  }
+};
+
+#include "cpu/qkernels_panel_dispatch.h"
 
 void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                   int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
-  const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
-  if (w.bits == 4) {
-    if (hz) hm ? linear_panel_s<4, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, true, false>(x, w, bias, y, m, ldy, p0, p1);
-    else hm ? linear_panel_s<4, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, false, false>(x, w, bias, y, m, ldy, p0, p1);
-  } else {
-    if (hz) hm ? linear_panel_s<8, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, true, false>(x, w, bias, y, m, ldy, p0, p1);
-    else hm ? linear_panel_s<8, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, false, false>(x, w, bias, y, m, ldy, p0, p1);
-  }
+  panel_dispatch<PanelKernel>(x, w, bias, y, m, ldy, p0, p1);
 }
 
 // 8 values to int8 with the block's 127 / max, rounded to nearest even (vcvtps2dq under the default
@@ -219,13 +215,6 @@ FV_INLINE __m256i quantize8(__m256 v, __m256 vinv, int8_t* out) {
   const __m128i b8 = _mm_packs_epi16(w16, w16);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), b8);
   return qi;
-}
-
-FV_INLINE float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
 }
 
 FV_INLINE int32_t hsum8(__m256i v) {
@@ -257,7 +246,7 @@ void quantize_rows_t(const float* x, int64_t m, int64_t k, int8_t* q, float* d, 
                       : n > 0 ? vt_avx2::VT::load_n(xr + c0 + 8 * h, static_cast<int>(n)) : _mm256_setzero_ps();
         amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[h]));
       }
-      const float am = hmax8(amax);
+      const float am = vt_avx2::VT::hmax(amax);
       const float inv = am > 0.f ? 127.f / am : 0.f;
       const __m256 vinv = _mm256_set1_ps(inv);
       __m256i sum = _mm256_setzero_si256();

@@ -153,23 +153,19 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
   }
 }
 
-template <int BITS, bool HZ, bool HM>
-void linear_panel_s(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
-  if (w.layout == kCpuQuantPanelHalfLayout) linear_panel_t<BITS, HZ, HM, true>(x, w, bias, y, m, ldy, p0, p1);
-  else linear_panel_t<BITS, HZ, HM, false>(x, w, bias, y, m, ldy, p0, p1);
-}
+template <int BITS, bool HZ, bool HM, bool HS>
+struct PanelKernel {
+  static void run(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                  int64_t ldy, int64_t p0, int64_t p1) {
+    linear_panel_t<BITS, HZ, HM, HS>(x, w, bias, y, m, ldy, p0, p1);
+  }
+};
+
+#include "cpu/qkernels_panel_dispatch.h"
 
 void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                   int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
-  const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
-  if (w.bits == 4) {
-    if (hz) hm ? linear_panel_s<4, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, true, false>(x, w, bias, y, m, ldy, p0, p1);
-    else hm ? linear_panel_s<4, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<4, false, false>(x, w, bias, y, m, ldy, p0, p1);
-  } else {
-    if (hz) hm ? linear_panel_s<8, true, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, true, false>(x, w, bias, y, m, ldy, p0, p1);
-    else hm ? linear_panel_s<8, false, true>(x, w, bias, y, m, ldy, p0, p1) : linear_panel_s<8, false, false>(x, w, bias, y, m, ldy, p0, p1);
-  }
+  panel_dispatch<PanelKernel>(x, w, bias, y, m, ldy, p0, p1);
 }
 
 // Sixteen per-block vectors to one vector of their sixteen reductions, lane b for block b: a

@@ -414,23 +414,7 @@ def _k_quant_gguf(path: Path) -> dict[str, tuple[np.ndarray, int, int]]:
     types = {"attn_q": (Q4_K, hidden, hidden), "attn_k": (Q5_K, 128, hidden), "attn_v": (Q6_K, 128, hidden),
              "attn_output": (Q8_0, hidden, hidden), "ffn_gate": (Q4_0, inter, hidden),
              "ffn_up": (Q4_1, inter, hidden), "ffn_down": (Q6_K, hidden, inter)}
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_context_length(256)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(inter)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)])
-    w.add_token_types([1] * vocab)
-    w.add_token_merges([])
+    w = _gguf_header(path, hidden, inter, 1, vocab, heads=4, kv_heads=2)
     out: dict[str, tuple[np.ndarray, int, int]] = {}
     w.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden)).astype(np.float32) * 0.5)
     for part, (t, rows, cols) in types.items():
@@ -779,7 +763,8 @@ _WEIGHT_MAGNITUDE = {Q5_0: 0.004, Q5_1: 0.003, Q8_0: 0.0006, Q4_K: 0.0003, Q2_K:
                      IQ4_NL: 0.0008, IQ4_XS: 0.00004}
 
 
-def _gguf_header(path: Path, hidden: int, inter: int, layers: int, vocab: int):
+def _gguf_header(path: Path, hidden: int, inter: int, layers: int, vocab: int, heads: int = 9, kv_heads: int = 3):
+    """A llama GGUFWriter with every key but the tensors: a tiny byte-level vocabulary."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -787,8 +772,8 @@ def _gguf_header(path: Path, hidden: int, inter: int, layers: int, vocab: int):
     w.add_context_length(256)
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(inter)
-    w.add_head_count(9)
-    w.add_head_count_kv(3)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)

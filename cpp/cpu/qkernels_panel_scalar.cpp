@@ -23,6 +23,7 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
   const int B = xq_block(w);
   const int64_t gbytes = w.bits == 8 ? G * 16 : G * 8;
   const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  const bool hz = w.zero != nullptr || w.zero_point != 0;
   for (int64_t p = p0; p < p1; ++p)
     for (int lane = 0; lane < 16; ++lane) {
       const int64_t j = p * 16 + lane;
@@ -36,7 +37,6 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
           const int64_t gi = (p * ng + g) * 16 + lane;
           const float s = panel_value(w, w.scale, gi);
           const float z = static_cast<float>(w.zero ? w.zero[gi] : w.zero_point);
-          const bool hz = w.zero != nullptr || w.zero_point != 0;
           const float mn = w.min ? panel_value(w, w.min, gi) : 0.f;
           const int64_t g0 = g * G, g1 = std::min<int64_t>(g0 + G, k);
           for (int64_t b0 = g0; b0 < g1; b0 += B) {

@@ -34,11 +34,14 @@ FV_INLINE __m256 load_scale8(const float* a, int64_t i) {
   }
 }
 
-// A tile is R activation rows x U units, a unit being 8 consecutive rows of W (half a panel): unit
+#include "cpu/qkernels_panel_prefetch.h"
+
+// A tile is R activation rows x U units (pf0 .. pf1: the panels to prefetch, see
+// qkernels_panel_prefetch.h), a unit being 8 consecutive rows of W (half a panel): unit
 // u of the tile is half (u & 1) of panel p + u / 2. A 64-byte panel step is two 32-byte unit steps.
 template <int R, int U, int BITS, bool HZ, bool HM, bool HS>
 FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                         int64_t ldy, int64_t p, int64_t r0) {
+                         int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   const int64_t gbytes = BITS == 8 ? G * 16 : G * 8;
@@ -50,6 +53,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) facc[r][u] = _mm256_setzero_ps();
   for (int64_t g = 0; g < ng; ++g) {
+    panel_prefetch_group<BITS, HZ, HM, HS>(w, pf0, pf1, g);
     __m256 vs[U], vz[U], vm[U];
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
@@ -172,7 +176,8 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
   if (m == 1) {
     // Decode: 2 panels (4 units, 32 weight rows) side by side give 4 independent chains.
     int64_t p = p0;
-    for (; p + 2 <= p1; p += 2) unit_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+    for (; p + 2 <= p1; p += 2)
+      unit_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0, p + 2, min64(p + 4, p1));
     for (; p < p1; ++p) unit_tile<1, 2, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
     return;
   }

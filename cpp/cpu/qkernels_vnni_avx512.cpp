@@ -31,12 +31,14 @@ FV_INLINE __m512i bcast4(const int8_t* p) {
 FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 #include "cpu/qkernels_panel_impl.h"
+#include "cpu/qkernels_panel_prefetch.h"
 
 // R activation rows x PC panels. Integer sums inside a block are exact, so only the per-block
-// float updates have an order, and it is fixed by (k, group, block).
+// float updates have an order, and it is fixed by (k, group, block). pf0 .. pf1: the panels to
+// prefetch (see qkernels_panel_prefetch.h).
 template <int R, int PC, int BITS, bool HZ, bool HM, bool HS>
 FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                          int64_t ldy, int64_t p, int64_t r0) {
+                          int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   const int64_t gbytes = BITS == 8 ? G * 16 : G * 8;  // bytes of a full group in a panel
@@ -47,6 +49,7 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
 #pragma GCC unroll 4
     for (int c = 0; c < PC; ++c) facc[r][c] = _mm512_setzero_ps();
   for (int64_t g = 0; g < ng; ++g) {
+    panel_prefetch_group<BITS, HZ, HM, HS>(w, pf0, pf1, g);
     __m512 vs[PC], vz[PC], vm[PC];
     panel_group_scales<PC, HZ, HM, HS>(w, p, g, vs, vz, vm);
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
@@ -136,7 +139,8 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
   if (m == 1) {
     // Decode: 4 panels (64 rows) side by side give 4 independent vpdpbusd chains.
     int64_t p = p0;
-    for (; p + 4 <= p1; p += 4) panel_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+    for (; p + 4 <= p1; p += 4)
+      panel_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0, p + 4, min64(p + 8, p1));
     for (; p < p1; ++p) panel_tile<1, 1, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
     return;
   }

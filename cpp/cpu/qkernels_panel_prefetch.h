@@ -1,0 +1,33 @@
+// cpu: software prefetch for the panel-layout kernels' decode (m = 1) path. Decode streams each
+// weight byte once, panel after panel; a panel is a few KiB spread over 4 KiB pages, too short for
+// the hardware prefetcher to ramp up on each one (the AVX2 Q4_1 decode ran 107-121 tok/s without
+// it, 151-156 with it, on SmolLM2-135M). So while a tile computes group g, it asks for group g of
+// the panels it will compute next: weights, scales, mins and zeros. No intrinsics: include it
+// inside the anonymous namespace of any panel kernel file.
+#pragma once
+
+#define FPF_INLINE inline __attribute__((always_inline))
+
+FPF_INLINE void panel_prefetch_bytes(const void* base, int64_t lo, int64_t hi) {
+  const char* b = static_cast<const char*>(base);
+  for (int64_t o = lo & ~int64_t{63}; o < hi; o += 64) __builtin_prefetch(b + o, 0, 3);
+}
+
+// Group g of panels q0 .. q1 - 1 (an empty range asks for nothing).
+template <int BITS, bool HZ, bool HM, bool HS>
+FPF_INLINE void panel_prefetch_group(const QuantMatrix& w, int64_t q0, int64_t q1, int64_t g) {
+  const int64_t ng = w.ngroups();
+  const int64_t gbytes = BITS == 8 ? w.group * 16 : w.group * 8;
+  constexpr int64_t sbytes = HS ? 2 : 4;
+  for (int64_t q = q0; q < q1; ++q) {
+    const int64_t gi = (q * ng + g) * 16;
+    panel_prefetch_bytes(w.data, q * w.ld + g * gbytes, q * w.ld + (g + 1) * gbytes);
+    panel_prefetch_bytes(w.scale, gi * sbytes, (gi + 16) * sbytes);
+    if constexpr (HM) panel_prefetch_bytes(w.min, gi * sbytes, (gi + 16) * sbytes);
+    if constexpr (HZ) {
+      if (w.zero) panel_prefetch_bytes(w.zero, gi, gi + 16);
+    }
+  }
+}
+
+#undef FPF_INLINE

@@ -25,7 +25,7 @@
 #include "backend/backend.h"
 #include "common/check.h"
 #include "engine/engine.h"
-#include "engine/sampling_params.h"
+#include "sampling/sampling_params.h"
 #include "model/model.h"
 
 namespace {
@@ -566,7 +566,7 @@ int run(const Args& a) {
   cfg.max_num_seqs = 1;
   fantai::engine::Engine engine(model, cfg);
 
-  fantai::engine::SamplingParams params;
+  fantai::sampling::SamplingParams params;
   params.temperature = a.temperature;
   params.seed = a.seed;
   params.max_tokens = a.max_tokens;

@@ -15,38 +15,6 @@ void Communicator::all_gather(const float* in, float* out, int64_t n) {
   if (in != out) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
 }
 
-void check_quant_matrix(const QuantMatrix& m) {
-  FANTAI_REQUIRE(m.layout == 0, "quantized matrix: expected the canonical layout");
-  FANTAI_REQUIRE(m.bits == 4 || m.bits == 8, "quantized matrix: bits must be 4 or 8, got " << m.bits);
-  FANTAI_REQUIRE(m.rows > 0 && m.cols > 0, "quantized matrix: bad shape [" << m.rows << ", " << m.cols << "]");
-  FANTAI_REQUIRE(m.group > 0 && (m.group % 16 == 0 || m.group >= m.cols),
-                 "quantized matrix: group " << m.group << " must be a multiple of 16 or cover all "
-                                            << m.cols << " columns");
-  FANTAI_REQUIRE(m.data && m.scale, "quantized matrix: q and scale are required");
-  FANTAI_REQUIRE(m.ld >= m.cols, "quantized matrix: row stride " << m.ld << " < cols " << m.cols);
-  FANTAI_REQUIRE(m.zero_point >= 0 && m.zero_point < (1 << m.bits), "quantized matrix: zero point out of range");
-  if (m.bits == 4) {
-    const uint8_t* q = static_cast<const uint8_t*>(m.data);
-    uint8_t any = 0;
-    for (int64_t r = 0; r < m.rows; ++r)
-      for (int64_t c = 0; c < m.cols; ++c) any |= q[r * m.ld + c];
-    FANTAI_REQUIRE(any < 16, "quantized matrix: 4-bit q values must be < 16");
-    if (m.zero) {
-      uint8_t z = 0;
-      for (int64_t i = 0; i < m.rows * m.ngroups(); ++i) z |= m.zero[i];
-      FANTAI_REQUIRE(z < 16, "quantized matrix: 4-bit zero points must be < 16");
-    }
-  }
-  if (m.perm) {
-    std::vector<char> seen(static_cast<size_t>(m.cols), 0);
-    for (int64_t c = 0; c < m.cols; ++c) {
-      const int32_t p = m.perm[c];
-      FANTAI_REQUIRE(p >= 0 && p < m.cols && !seen[p], "quantized matrix: perm is not a permutation of [0, " << m.cols << ")");
-      seen[p] = 1;
-    }
-  }
-}
-
 // Quantized ops are optional per backend: the defaults say so plainly.
 size_t Backend::quant_packed_bytes(const QuantMatrix&) const {
   FANTAI_THROW("quantized weights are not supported on the " << name() << " backend");
@@ -84,6 +52,11 @@ std::vector<std::string> available_backends() {
 #endif
   return names;
 }
+
+const RowReductions& host_row_reductions() { return cpu::row_reductions(); }
+const char* host_cpu_isa() { return cpu::selected_isa(); }
+std::vector<std::string> host_cpu_isa_levels() { return cpu::runnable_isas(); }
+int host_default_threads() { return cpu::default_threads(); }
 
 std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads) {
   if (name == "cpu" || name.empty()) return cpu::create_cpu_backend(num_threads);

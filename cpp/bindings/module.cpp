@@ -6,7 +6,6 @@
 #include "backend/backend.h"
 #include "common/check.h"
 #include "common/logging.h"
-#include "cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/engine_loop.h"
 #include "model/model.h"
@@ -17,7 +16,7 @@ using namespace fantai;
 using engine::Engine;
 using engine::EngineConfig;
 using engine::EngineLoop;
-using engine::SamplingParams;
+using sampling::SamplingParams;
 using engine::StepOutput;
 using model::Model;
 using model::ModelConfig;
@@ -443,9 +442,9 @@ PYBIND11_MODULE(_C, m) {
   bind_model(m);
   bind_quant(m);
   bind_engine(m);
-  m.def("cpu_isa", &cpu::selected_isa);
-  m.def("cpu_isa_levels", &cpu::runnable_isas);
-  m.def("default_threads", &cpu::default_threads);
+  m.def("cpu_isa", &host_cpu_isa);
+  m.def("cpu_isa_levels", &host_cpu_isa_levels);
+  m.def("default_threads", &host_default_threads);
   m.def("available_backends", &available_backends);
   m.def("default_kv_cache_bytes", &engine::default_kv_cache_bytes);
   m.def("set_log_level", [](const std::string& level) {

@@ -555,6 +555,17 @@ std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads) {
   return std::make_shared<CpuBackend>(isa, num_threads <= 0 ? default_thread_count() : num_threads);
 }
 
+const RowReductions& row_reductions() {
+  static const RowReductions r = [] {
+    const KernelTable& k = kernels_for(active_isa());
+    RowReductions t;
+    t.max_sum_exp = k.max_sum_exp;
+    t.argmax = k.argmax;
+    return t;
+  }();
+  return r;
+}
+
 std::shared_ptr<Backend> create_cpu_backend(int num_threads) {
   return make_cpu_backend(active_isa(), num_threads);
 }

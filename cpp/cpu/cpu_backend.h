@@ -21,4 +21,8 @@ std::vector<std::string> runnable_isas();
 // Threads a backend gets when none are asked for: the affinity mask capped by the cgroup quota.
 int default_threads();
 
+// The sampler's row reductions from the kernel table of active_isa() (the registry hands them out
+// as host_row_reductions).
+const RowReductions& row_reductions();
+
 }  // namespace fantai::cpu

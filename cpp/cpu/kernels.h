@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "common/types.h"
 #include "cpu/cpu_features.h"
+#include "cpu/row_reduce.h"
 
 namespace fantai::cpu {
 
@@ -64,6 +65,9 @@ struct KernelTable {
   void (*to_f32)(const void* src, DType st, float* dst, int64_t n);
   // scratch: attn_scratch_floats(...) floats, 64-byte aligned.
   void (*attention)(const AttnItem& item, float* scratch);
+  // The sampler's row reductions (row_reduce.h).
+  MaxSumExp (*max_sum_exp)(const float* l, int32_t n);
+  int32_t (*argmax)(const float* l, int32_t n);
   // Test hook for the fixed-order reductions: lanes = W; for the W vectors x[i*W .. (i+1)*W),
   // tree[i] = lane i of VT::hsum_w (all at once) and each[i] = VT::hsum of vector i alone.
   int lanes;
@@ -101,6 +105,9 @@ void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
 void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
                float* out);
 void add(float* x, const float* y, int64_t n);
+// The sampler's row reductions in one lane, std::exp, summed in order.
+MaxSumExp max_sum_exp(const float* l, int32_t n);
+int32_t argmax(const float* l, int32_t n);
 }  // namespace ref
 
 }  // namespace fantai::cpu

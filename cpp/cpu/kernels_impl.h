@@ -624,7 +624,9 @@ void hsum_both(const float* x, float* tree, float* each) {
   for (int i = 0; i < W; ++i) each[i] = VT::hsum(a[i]);
 }
 
+#include "cpu/kernels_reduce_impl.h"
+
 const KernelTable kTable = {VT::kName, linear, rms_norm, add_rms_norm, rope, silu_mul, add, to_f32,
-                            attention, W, hsum_both};
+                            attention, row_max_sum_exp, row_argmax, W, hsum_both};
 
 #undef FT_INLINE

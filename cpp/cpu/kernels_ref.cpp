@@ -167,4 +167,20 @@ void add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+MaxSumExp max_sum_exp(const float* l, int32_t n) {
+  MaxSumExp r;
+  r.max = -std::numeric_limits<float>::infinity();
+  for (int32_t i = 0; i < n; ++i) r.max = std::max(r.max, l[i]);  // NaN never wins std::max here
+  for (int32_t i = 0; i < n; ++i) r.sum += std::exp(l[i] - r.max);  // NaN / inf - inf poison it
+  return r;
+}
+
+int32_t argmax(const float* l, int32_t n) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < n; ++i) {
+    if (l[i] > l[best]) best = i;  // strict: ties keep the lowest id
+  }
+  return best;
+}
+
 }  // namespace fantai::cpu::ref

@@ -1,5 +1,5 @@
 // cpu: AVX2 + FMA + F16C vector traits VT, 8 lanes: the one definition behind kernels_avx2.cpp,
-// qkernels_avx2.cpp and model/sampler_reduce_avx2.cpp.
+// qkernels_avx2.cpp and qkernels_panel_avx2.cpp.
 //
 // Include it last in a TU, after every baseline header: from here on the TU is AVX2 code (the
 // per-file CMake flags, or the pragma below where a target in another CMake directory compiles
@@ -149,6 +149,30 @@ struct VT {
     const V lo = _mm256_set1_ps(-87.33654f);
     const V keep = _mm256_cmp_ps(d, lo, _CMP_GE_OQ);
     return _mm256_and_ps(keep, exp_clamped(_mm256_max_ps(d, lo)));
+  }
+
+  // The sampler's row reductions (kernels_reduce_impl.h): W double sums, a NaN flag, W indices.
+  struct DAcc { __m256d lo, hi; };
+  static DAcc dzero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+  static DAcc dadd(DAcc a, V y) {
+    return {_mm256_add_pd(a.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(y))),
+            _mm256_add_pd(a.hi, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)))};
+  }
+  static void dstore(double* p, DAcc a) { _mm256_storeu_pd(p, a.lo); _mm256_storeu_pd(p + 4, a.hi); }
+  using NanAcc = __m256;
+  static NanAcc nan_none() { return _mm256_setzero_ps(); }
+  static NanAcc nan_or(NanAcc acc, V x) { return _mm256_or_ps(acc, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
+  static bool nan_any(NanAcc acc) { return _mm256_movemask_ps(acc) != 0; }
+  using I = __m256i;
+  static I iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+  static I inext(I i) { return _mm256_add_epi32(i, _mm256_set1_epi32(W)); }
+  static I izero() { return _mm256_setzero_si256(); }
+  static void istore(int32_t* p, I i) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), i); }
+  // Lanes where x > best (strict: a lane keeps its first maximum; NaN never wins) take x and idx.
+  static void keep_greater(V x, I idx, V* best, I* bidx) {
+    const __m256 gt = _mm256_cmp_ps(x, *best, _CMP_GT_OQ);
+    *best = _mm256_blendv_ps(*best, x, gt);
+    *bidx = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(*bidx), _mm256_castsi256_ps(idx), gt));
   }
 };
 

@@ -1,5 +1,5 @@
 // cpu: AVX-512 (F/BW/VL/DQ) vector traits VT, 16 lanes with mask-register tails: the one
-// definition behind kernels_avx512.cpp, qkernels_avx512.cpp and model/sampler_reduce_avx512.cpp.
+// definition behind kernels_avx512.cpp and qkernels_avx512.cpp.
 //
 // Include it last in a TU, after every baseline header: from here on the TU is AVX-512 code (the
 // per-file CMake flags, or the pragma below where a target in another CMake directory compiles
@@ -137,6 +137,30 @@ struct VT {
     const V lo = _mm512_set1_ps(-87.33654f);
     const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ);
     return _mm512_maskz_mov_ps(keep, exp_clamped(_mm512_max_ps(d, lo)));
+  }
+
+  // The sampler's row reductions (kernels_reduce_impl.h): W double sums, a NaN flag, W indices.
+  struct DAcc { __m512d lo, hi; };
+  static DAcc dzero() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
+  static DAcc dadd(DAcc a, V y) {
+    return {_mm512_add_pd(a.lo, _mm512_cvtps_pd(_mm512_castps512_ps256(y))),
+            _mm512_add_pd(a.hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)))};
+  }
+  static void dstore(double* p, DAcc a) { _mm512_storeu_pd(p, a.lo); _mm512_storeu_pd(p + 8, a.hi); }
+  using NanAcc = __mmask16;
+  static NanAcc nan_none() { return 0; }
+  static NanAcc nan_or(NanAcc acc, V x) { return acc | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); }
+  static bool nan_any(NanAcc acc) { return acc != 0; }
+  using I = __m512i;
+  static I iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+  static I inext(I i) { return _mm512_add_epi32(i, _mm512_set1_epi32(W)); }
+  static I izero() { return _mm512_setzero_si512(); }
+  static void istore(int32_t* p, I i) { _mm512_storeu_si512(p, i); }
+  // Lanes where x > best (strict: a lane keeps its first maximum; NaN never wins) take x and idx.
+  static void keep_greater(V x, I idx, V* best, I* bidx) {
+    const __mmask16 gt = _mm512_cmp_ps_mask(x, *best, _CMP_GT_OQ);
+    *best = _mm512_mask_mov_ps(*best, gt, x);
+    *bidx = _mm512_mask_mov_epi32(*bidx, gt, idx);
   }
 };
 

@@ -70,6 +70,28 @@ struct VT {
   }
   // Lane i = hsum(a[i]) (the SIMD files compute W of them at once).
   static V hsum_w(const V* a) { V r; for (int i = 0; i < W; ++i) r.v[i] = hsum(a[i]); return r; }
+
+  static V exp_nonpos(V d) { return exp(d); }
+  // The sampler's row reductions (kernels_reduce_impl.h): W double sums, a NaN flag, W indices.
+  struct DAcc { double v[W]; };
+  static DAcc dzero() { DAcc a; for (int i = 0; i < W; ++i) a.v[i] = 0.0; return a; }
+  static DAcc dadd(DAcc a, V y) { for (int i = 0; i < W; ++i) a.v[i] += static_cast<double>(y.v[i]); return a; }
+  static void dstore(double* p, DAcc a) { for (int i = 0; i < W; ++i) p[i] = a.v[i]; }
+  using NanAcc = bool;
+  static NanAcc nan_none() { return false; }
+  static NanAcc nan_or(NanAcc acc, V x) { for (int i = 0; i < W; ++i) acc = acc || x.v[i] != x.v[i]; return acc; }
+  static bool nan_any(NanAcc acc) { return acc; }
+  struct I { int32_t v[W]; };
+  static I iota() { I r; for (int i = 0; i < W; ++i) r.v[i] = i; return r; }
+  static I inext(I a) { for (int i = 0; i < W; ++i) a.v[i] += W; return a; }
+  static I izero() { I r; for (int i = 0; i < W; ++i) r.v[i] = 0; return r; }
+  static void istore(int32_t* p, I a) { for (int i = 0; i < W; ++i) p[i] = a.v[i]; }
+  // Lanes where x > best (strict: a lane keeps its first maximum; NaN never wins) take x and idx.
+  static void keep_greater(V x, I idx, V* best, I* bidx) {
+    for (int i = 0; i < W; ++i) {
+      if (x.v[i] > best->v[i]) { best->v[i] = x.v[i]; bidx->v[i] = idx.v[i]; }
+    }
+  }
 };
 
 }  // namespace

@@ -8,7 +8,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
-#include "model/sampler.h"
+#include "sampling/sampler.h"
 
 namespace fantai::engine {
 namespace {
@@ -71,7 +71,7 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
                                 << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
 }
 
-void Engine::validate_request(const std::vector<int32_t>& prompt, const SamplingParams& p) const {
+void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling::SamplingParams& p) const {
   const int32_t vocab = model_->config().vocab_size;
   FANTAI_REQUIRE(!prompt.empty(), "the prompt is empty");
   for (int32_t t : prompt) {
@@ -87,8 +87,8 @@ void Engine::validate_request(const std::vector<int32_t>& prompt, const Sampling
                                                          << pool_tokens << " tokens");
 }
 
-void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
-                         const std::vector<std::pair<uint64_t, SamplingParams>>& siblings) {
+void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
+                         const std::vector<std::pair<uint64_t, sampling::SamplingParams>>& siblings) {
   FANTAI_REQUIRE(requests_.find(id) == requests_.end() && pending_siblings_.find(id) == pending_siblings_.end(),
                  "request id " << id << " is already in use");
   validate_request(prompt, params);
@@ -199,7 +199,7 @@ void Engine::finish_pending_siblings(uint64_t parent, FinishReason reason, std::
 }
 
 FinishReason Engine::check_stop(const Request& r, int32_t token, int32_t* stop_id) const {
-  const SamplingParams& p = r.params;
+  const sampling::SamplingParams& p = r.params;
   const int32_t n_out = static_cast<int32_t>(r.output.size());
   if (n_out >= p.min_tokens) {
     const bool eos = !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), token) !=
@@ -263,7 +263,7 @@ std::vector<StepOutput> Engine::step() {
     size_t i = 0;
     for (const ScheduledSeq& s : batch.seqs) {
       if (!s.sample) continue;
-      model::SampleResult res;
+      sampling::SampleResult res;
       res.token = greedy_tokens[i];
       res.logprob = greedy_logprobs[i++];
       FANTAI_CHECK(res.token >= 0, "sample: request " << s.request->id << ": logits contain NaN");
@@ -283,7 +283,7 @@ bool Engine::plain_greedy_step(const ScheduledBatch& batch) const {
   for (const ScheduledSeq& s : batch.seqs) {
     if (!s.sample) continue;
     const Request& r = *s.request;
-    const SamplingParams& p = r.params;
+    const sampling::SamplingParams& p = r.params;
     const bool bans = static_cast<int32_t>(r.output.size()) < p.min_tokens &&
                       (!p.ignore_eos || !p.stop_token_ids.empty());
     if (!p.greedy() || p.logprobs >= 0 || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
@@ -317,7 +317,7 @@ void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vect
     }
     rows_data = expanded.data();
   }
-  std::vector<model::SampleRow> rows;
+  std::vector<sampling::SampleRow> rows;
   std::vector<std::vector<int32_t>> banned(sampled.size());
   for (size_t i = 0; i < sampled.size(); ++i) {
     Request* r = sampled[i];
@@ -327,14 +327,14 @@ void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vect
     }
     rows.push_back({&r->params, &r->prompt, &r->output, &r->rng, banned[i].empty() ? nullptr : &banned[i]});
   }
-  std::vector<model::SampleResult> results;
+  std::vector<sampling::SampleResult> results;
   const double t0 = now_seconds();
-  model::sample(const_cast<float*>(rows_data), vocab, rows, &results);
+  sampling::sample(const_cast<float*>(rows_data), vocab, rows, &results);
   last_sample_s_ = now_seconds() - t0;
   for (size_t i = 0; i < sampled.size(); ++i) postprocess(sampled[i], results[i], outs);
 }
 
-void Engine::postprocess(Request* r, const model::SampleResult& res, std::vector<StepOutput>* outs) {
+void Engine::postprocess(Request* r, const sampling::SampleResult& res, std::vector<StepOutput>* outs) {
   r->output.push_back(res.token);
   counters_.generation_tokens++;
   StepOutput o;

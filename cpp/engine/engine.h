@@ -12,11 +12,11 @@
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
-#include "engine/sampling_params.h"
+#include "sampling/sampling_params.h"
 #include "engine/scheduler.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
-#include "model/sampler.h"
+#include "sampling/sampler.h"
 
 namespace fantai::engine {
 
@@ -104,9 +104,9 @@ class Engine {
   // `siblings` (n > 1): extra sequences that share this prompt's KV. They are forked from the
   // request when it samples its first token (same logits, own params and generator), and the
   // shared partial block is copied on write when they diverge.
-  void add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
-                   const std::vector<std::pair<uint64_t, SamplingParams>>& siblings = {});
-  void validate_request(const std::vector<int32_t>& prompt, const SamplingParams& params) const;
+  void add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
+                   const std::vector<std::pair<uint64_t, sampling::SamplingParams>>& siblings = {});
+  void validate_request(const std::vector<int32_t>& prompt, const sampling::SamplingParams& params) const;
   // Frees everything the request held. Returns false for an unknown (or finished) id.
   bool abort_request(uint64_t id);
   // Aborts every live request (after a failed step, or at shutdown); returns their ids.
@@ -133,7 +133,7 @@ class Engine {
                               std::vector<StepOutput>* outs);
   FinishReason check_stop(const Request& r, int32_t token, int32_t* stop_id) const;
   StepOutput finish_output(Request& r, FinishReason reason);
-  void postprocess(Request* r, const model::SampleResult& res, std::vector<StepOutput>* outs);
+  void postprocess(Request* r, const sampling::SampleResult& res, std::vector<StepOutput>* outs);
   // True when every row this step samples is plain greedy (no penalties, bias, bans, logprobs or
   // pending siblings), so the backend may pick the tokens where the logits live.
   bool plain_greedy_step(const ScheduledBatch& batch) const;
@@ -148,7 +148,7 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
-  std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, SamplingParams>>> pending_siblings_;
+  std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, sampling::SamplingParams>>> pending_siblings_;
   std::mt19937_64 rng_;
   EngineStats counters_;
   double last_sample_s_ = 0.0;  // the sampler's share of the current step

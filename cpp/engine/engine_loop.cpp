@@ -43,8 +43,8 @@ void EngineLoop::stop() {
   out_cv_.notify_all();
 }
 
-void EngineLoop::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
-                             const std::vector<std::pair<uint64_t, SamplingParams>>& siblings) {
+void EngineLoop::add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
+                             const std::vector<std::pair<uint64_t, sampling::SamplingParams>>& siblings) {
   engine_->validate_request(prompt, params);  // reads config only: safe from any thread
   for (const auto& sib : siblings) sib.second.validate(engine_->model_config().vocab_size);
   {

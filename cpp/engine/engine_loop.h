@@ -37,8 +37,8 @@ class EngineLoop {
   void stop();
 
   // Validates synchronously (throws InvalidArgument) and queues the request.
-  void add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
-                   const std::vector<std::pair<uint64_t, SamplingParams>>& siblings = {});
+  void add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
+                   const std::vector<std::pair<uint64_t, sampling::SamplingParams>>& siblings = {});
   void reset_prefix_cache();
   // Calls Engine::release_memory() once the loop has been idle this long (<= 0: never).
   void set_idle_release(double seconds);
@@ -69,8 +69,8 @@ class EngineLoop {
   struct Pending {
     uint64_t id;
     std::vector<int32_t> prompt;
-    SamplingParams params;
-    std::vector<std::pair<uint64_t, SamplingParams>> siblings;
+    sampling::SamplingParams params;
+    std::vector<std::pair<uint64_t, sampling::SamplingParams>> siblings;
   };
   void run();
   void drain_inbox();

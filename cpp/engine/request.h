@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/block_manager.h"
-#include "engine/sampling_params.h"
+#include "sampling/sampling_params.h"
 
 namespace fantai::engine {
 
@@ -18,7 +18,7 @@ struct Request {
   uint64_t id = 0;
   std::vector<int32_t> prompt;   // [num_prompt_tokens]
   std::vector<int32_t> output;   // [num_output_tokens] sampled so far
-  SamplingParams params;
+  sampling::SamplingParams params;
   RequestStatus status = RequestStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
 

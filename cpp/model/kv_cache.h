@@ -4,8 +4,8 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/buffer.h"
 #include "model/model_config.h"
-#include "model/weights.h"
 
 namespace fantai::model {
 

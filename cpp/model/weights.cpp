@@ -11,29 +11,6 @@
 
 namespace fantai::model {
 
-Buffer::Buffer(Backend* backend, size_t bytes, bool zero) : backend_(backend), bytes_(bytes) {
-  data_ = backend_->alloc(bytes);
-  if (zero) backend_->fill_zero(data_, bytes);
-}
-Buffer::~Buffer() {
-  if (data_) backend_->free(data_);
-}
-Buffer::Buffer(Buffer&& o) noexcept : backend_(o.backend_), data_(o.data_), bytes_(o.bytes_) {
-  o.data_ = nullptr;
-  o.bytes_ = 0;
-}
-Buffer& Buffer::operator=(Buffer&& o) noexcept {
-  if (this != &o) {
-    if (data_) backend_->free(data_);
-    backend_ = o.backend_;
-    data_ = o.data_;
-    bytes_ = o.bytes_;
-    o.data_ = nullptr;
-    o.bytes_ = 0;
-  }
-  return *this;
-}
-
 // Where one checkpoint tensor goes: rows [row_offset, row_offset + rows) of `buffer`, which is
 // lazily allocated with `total_rows` rows.
 struct Weights::Slot {

@@ -8,31 +8,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/buffer.h"
 #include "model/model_config.h"
 
 namespace fantai::model {
-
-// A buffer in backend memory that frees itself.
-class Buffer {
- public:
-  Buffer() = default;
-  // zero=false leaves the pages untouched (the OS maps them lazily): the KV pool relies on it.
-  Buffer(Backend* backend, size_t bytes, bool zero = true);
-  ~Buffer();
-  Buffer(Buffer&& other) noexcept;
-  Buffer& operator=(Buffer&& other) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
-
- private:
-  Backend* backend_ = nullptr;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // A row range of a linear held quantized in the backend's packed layout. A fused matrix may be
 // made of parts in different formats (GGUF Q4_K_M stores attn_v as Q6_K beside Q4_K attn_q);

@@ -10,16 +10,16 @@
 #include <vector>
 
 #include "common/check.h"
-#include "engine/sampling_params.h"
-#include "model/sampler.h"
-#include "model/sampler_reduce.h"
+#include "cpu/kernels.h"
+#include "sampling/sampler.h"
+#include "sampling/sampling_params.h"
 
 namespace {
 
-using fantai::engine::SamplingParams;
-using fantai::model::SampleResult;
-using fantai::model::SampleRow;
-using fantai::model::sample;
+using fantai::sampling::SamplingParams;
+using fantai::sampling::SampleResult;
+using fantai::sampling::SampleRow;
+using fantai::sampling::sample;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -27,13 +27,14 @@ struct Ctx {
   const std::vector<int32_t>* prompt = nullptr;
   const std::vector<int32_t>* output = nullptr;
   const std::vector<int32_t>* banned = nullptr;
+  const uint32_t* allowed = nullptr;
 };
 
 // Samples one row; `logits` is taken by reference so tests can inspect the in-place processing.
 SampleResult sample_one(std::vector<float>& logits, const SamplingParams& p, std::mt19937_64* rng,
                         const Ctx& c = {}) {
   std::vector<SampleRow> rows(1);
-  rows[0] = {&p, c.prompt, c.output, rng, c.banned};
+  rows[0] = {&p, c.prompt, c.output, rng, c.banned, c.allowed};
   std::vector<SampleResult> res;
   sample(logits.data(), static_cast<int32_t>(logits.size()), rows, &res);
   return res.at(0);
@@ -355,6 +356,36 @@ TEST(SamplerBans, EverythingBannedThrows) {
   EXPECT_THROW(sample_one(all_inf, with_temperature(1.0f), &rng), fantai::InvalidArgument);
 }
 
+// ---- token mask (a grammar's allowed tokens) ------------------------------------------------------
+
+TEST(SamplerMask, OnlyAllowedTokensAreSampledAndLogprobsStayRaw) {
+  // 70 tokens: the mask spans three words, the last one partial. Allowed: 3, 40, 69.
+  std::vector<float> l(70);
+  for (int i = 0; i < 70; ++i) l[i] = static_cast<float>(i % 7) * 0.5f;
+  l[10] = 9.0f;  // the raw argmax, disallowed
+  uint32_t mask[3] = {1u << 3, 1u << (40 - 32), 1u << (69 - 64)};
+  const Ctx c{nullptr, nullptr, nullptr, mask};
+  std::vector<float> g = l;
+  SamplingParams greedy = with_temperature(0.0f);
+  greedy.logprobs = 1;
+  const SampleResult r = sample_one(g, greedy, nullptr, c);
+  // Greedy over the allowed: l[3] = 1.5, l[40] = 2.5, l[69] = 3.0.
+  EXPECT_EQ(r.token, 69);
+  const std::vector<double> lsm = log_softmax(l);
+  EXPECT_NEAR(r.logprob, lsm[69], 1e-5);
+  ASSERT_EQ(r.top.size(), 1u);
+  EXPECT_EQ(r.top[0].first, 10);  // top logprobs are of the raw distribution
+  auto h = histogram(l, with_temperature(1.0f), 2000, 5, c);
+  for (int i = 0; i < 70; ++i) {
+    if (i == 3 || i == 40 || i == 69) EXPECT_GT(h[i], 0) << i;
+    else EXPECT_EQ(h[i], 0) << i;
+  }
+  // Nothing allowed: the same clear error as everything banned.
+  uint32_t none[3] = {0, 0, 0};
+  std::vector<float> n = l;
+  EXPECT_THROW(sample_one(n, greedy, nullptr, {nullptr, nullptr, nullptr, none}), fantai::InvalidArgument);
+}
+
 TEST(SamplerErrors, BadInputsThrow) {
   std::mt19937_64 rng(1);
   std::vector<float> nan = {1.0f, std::nanf(""), 0.0f};
@@ -556,23 +587,21 @@ TEST(SamplingParamsValidate, RejectsEachBadValueWithItsMessage) {
 }
 
 
-// ---- vectorized row reductions vs their scalar reference ---------------------------------------
+// ---- the sampler's row reductions: every ISA's kernel table vs the reference ------------------
 
-std::vector<fantai::cpu::Isa> simd_levels() {
-  std::vector<fantai::cpu::Isa> out;
+std::vector<fantai::cpu::Isa> levels() {
+  std::vector<fantai::cpu::Isa> out{fantai::cpu::Isa::kScalar};
   const auto top = fantai::cpu::detected_isa();
   if (top >= fantai::cpu::Isa::kAvx2) out.push_back(fantai::cpu::Isa::kAvx2);
   if (top >= fantai::cpu::Isa::kAvx512) out.push_back(fantai::cpu::Isa::kAvx512);
   return out;
 }
 
-TEST(SamplerReduce, MatchesScalarOnOddLengthsTiesAndMinusInf) {
-  namespace rd = fantai::model::reduce;
-  using fantai::cpu::Isa;
+TEST(SamplerReduce, MatchesReferenceOnOddLengthsTiesAndMinusInf) {
+  namespace ref = fantai::cpu::ref;
   const float inf = std::numeric_limits<float>::infinity();
   std::mt19937 gen(7);
   std::normal_distribution<float> nd(0.0f, 4.0f);
-  if (simd_levels().empty()) GTEST_SKIP() << "no SIMD level on this CPU";
   for (int32_t n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 257, 49152 + 5}) {
     for (int variant = 0; variant < 4; ++variant) {
       std::vector<float> l(n);
@@ -585,32 +614,33 @@ TEST(SamplerReduce, MatchesScalarOnOddLengthsTiesAndMinusInf) {
         for (int32_t i = 0; i < n; ++i) l[i] = i % 3 ? -inf : -200.0f + static_cast<float>(i % 7);
       }
       if (variant == 3) std::fill(l.begin(), l.end(), 1.5f);  // all tied: id 0
-      const rd::MaxSumExp want = rd::max_sum_exp_isa(Isa::kScalar, l.data(), n);
-      const int32_t want_arg = rd::argmax_isa(Isa::kScalar, l.data(), n);
-      for (Isa isa : simd_levels()) {
-        const rd::MaxSumExp got = rd::max_sum_exp_isa(isa, l.data(), n);
-        EXPECT_EQ(got.max, want.max) << "n=" << n << " variant " << variant;
-        EXPECT_NEAR(got.sum, want.sum, 2e-6 * want.sum) << "n=" << n << " variant " << variant;
-        EXPECT_EQ(rd::argmax_isa(isa, l.data(), n), want_arg) << "n=" << n << " variant " << variant;
+      const fantai::MaxSumExp want = ref::max_sum_exp(l.data(), n);
+      const int32_t want_arg = ref::argmax(l.data(), n);
+      for (fantai::cpu::Isa isa : levels()) {
+        const fantai::cpu::KernelTable& k = fantai::cpu::kernels_for(isa);
+        const fantai::MaxSumExp got = k.max_sum_exp(l.data(), n);
+        EXPECT_EQ(got.max, want.max) << k.name << " n=" << n << " variant " << variant;
+        EXPECT_NEAR(got.sum, want.sum, 2e-6 * want.sum) << k.name << " n=" << n << " variant " << variant;
+        EXPECT_EQ(k.argmax(l.data(), n), want_arg) << k.name << " n=" << n << " variant " << variant;
       }
     }
   }
 }
 
 TEST(SamplerReduce, NanOrPlusInfPoisonTheSumAndNanNeverWinsArgmax) {
-  namespace rd = fantai::model::reduce;
   const float inf = std::numeric_limits<float>::infinity();
-  for (fantai::cpu::Isa isa : simd_levels()) {
+  for (fantai::cpu::Isa isa : levels()) {
+    const fantai::cpu::KernelTable& k = fantai::cpu::kernels_for(isa);
     for (int32_t n : {40, 37}) {
       for (int32_t at : {3, n - 1}) {  // in the vector body and in the scalar tail
         std::vector<float> l(n, 0.0f);
         l[5] = 2.0f;
         l[at] = std::numeric_limits<float>::quiet_NaN();
-        EXPECT_TRUE(std::isnan(rd::max_sum_exp_isa(isa, l.data(), n).sum)) << n << " " << at;
-        EXPECT_EQ(rd::argmax_isa(isa, l.data(), n), 5);
+        EXPECT_TRUE(std::isnan(k.max_sum_exp(l.data(), n).sum)) << k.name << " " << n << " " << at;
+        EXPECT_EQ(k.argmax(l.data(), n), 5) << k.name;
         l[at] = inf;
-        EXPECT_TRUE(std::isnan(rd::max_sum_exp_isa(isa, l.data(), n).sum)) << n << " " << at;
-        EXPECT_EQ(rd::argmax_isa(isa, l.data(), n), at);
+        EXPECT_TRUE(std::isnan(k.max_sum_exp(l.data(), n).sum)) << k.name << " " << n << " " << at;
+        EXPECT_EQ(k.argmax(l.data(), n), at) << k.name;
       }
     }
   }

@@ -1,11 +1,11 @@
-// engine: SamplingParams::validate — rejects bad parameters, naming the field and the value.
-#include "engine/sampling_params.h"
+// sampling: SamplingParams::validate — rejects bad parameters, naming the field and the value.
+#include "sampling/sampling_params.h"
 
 #include <cmath>
 
 #include "common/check.h"
 
-namespace fantai::engine {
+namespace fantai::sampling {
 
 // Every range test is written as !(inside) so NaN fails it too (NaN compares false to everything).
 void SamplingParams::validate(int32_t vocab_size) const {
@@ -36,4 +36,4 @@ void SamplingParams::validate(int32_t vocab_size) const {
   }
 }
 
-}  // namespace fantai::engine
+}  // namespace fantai::sampling

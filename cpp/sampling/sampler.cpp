@@ -1,4 +1,4 @@
-// model: sampler — raw logprobs, penalties, bias and bans, then greedy or a filtered seeded draw.
+// sampling: the sampler — raw logprobs, penalties, bias and bans, then greedy or a filtered seeded draw.
 //
 // Definitions (each row independent of the others):
 //  * Order: tokens rank by processed logit descending (= probability descending), ties by lower id.
@@ -12,16 +12,16 @@
 //    CDF walk does not change the distribution; fixing it to id order gives one deterministic rule
 //    and lets the unfiltered case scan the vocab without sorting anything.
 //  * Greedy (temperature <= 1e-5): argmax of the processed logits, ties to the lowest id, no draw.
-#include "model/sampler.h"
+#include "sampling/sampler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "common/check.h"
-#include "model/sampler_reduce.h"
+#include "backend/backend.h"
 
-namespace fantai::model {
+namespace fantai::sampling {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -65,7 +65,7 @@ void check_ids(const std::vector<int32_t>* ids, int32_t vocab, size_t row, const
 // Checks the row's inputs up front so nothing below can throw half way through mutating scratch.
 void check_row(const SampleRow& row, int32_t vocab, size_t r) {
   FANTAI_REQUIRE(row.params != nullptr, "sample: row " << r << " has no SamplingParams");
-  const engine::SamplingParams& p = *row.params;
+  const sampling::SamplingParams& p = *row.params;
   check_ids(row.prompt, vocab, r, "prompt");
   check_ids(row.output, vocab, r, "output");
   check_ids(row.banned, vocab, r, "banned");
@@ -88,7 +88,7 @@ void check_row(const SampleRow& row, int32_t vocab, size_t r) {
 
 // log(sum(exp(l))) of the raw row, stable (max subtracted, summed in double).
 double raw_log_sum_exp(const float* l, int32_t vocab, size_t r) {
-  const reduce::MaxSumExp ms = reduce::max_sum_exp(l, vocab);  // vectorized: see sampler_reduce.h
+  const MaxSumExp ms = host_row_reductions().max_sum_exp(l, vocab);  // cpu/row_reduce.h
   FANTAI_REQUIRE(ms.max != kNegInf, "sample: row " << r << ": every logit is -inf");
   // NaN anywhere, or +inf (inf - inf), poisons the sum: report it rather than sample garbage.
   FANTAI_CHECK(std::isfinite(ms.sum), "sample: row " << r << ": logits contain NaN or +inf");
@@ -121,7 +121,7 @@ void fill_top(const float* l, int32_t vocab, int32_t n, double lse, SampleResult
 // Repetition penalty (HF, prompt ∪ output, once per token), then frequency and presence penalties
 // (OpenAI, output only). Counting in a vocab-sized array avoids sorting the context every step.
 void apply_penalties(float* l, const SampleRow& row, Scratch& s) {
-  const engine::SamplingParams& p = *row.params;
+  const sampling::SamplingParams& p = *row.params;
   const bool rep = p.repetition_penalty != 1.0f;
   if (!rep && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f) return;
   if (row.output != nullptr) {
@@ -160,6 +160,19 @@ void apply_bias_and_bans(float* l, const SampleRow& row, Scratch& s) {
   }
 }
 
+// Disallowed tokens get -inf; they are never sampled, so raw_logit needs none of them saved.
+void apply_mask(float* l, int32_t vocab, const SampleRow& row) {
+  if (row.allowed == nullptr) return;
+  for (int32_t w = 0; w * 32 < vocab; ++w) {
+    const uint32_t bits = row.allowed[w];
+    if (bits == 0xffffffffu) continue;
+    const int32_t end = std::min(vocab, w * 32 + 32);
+    for (int32_t t = w * 32; t < end; ++t) {
+      if (!((bits >> (t - w * 32)) & 1u)) l[t] = kNegInf;
+    }
+  }
+}
+
 // The raw logit of token t: the first saved value if processing overwrote it, else the row's.
 float raw_logit(const float* l, int32_t t, const Scratch& s) {
   for (const auto& [id, v] : s.saved) {
@@ -169,7 +182,7 @@ float raw_logit(const float* l, int32_t t, const Scratch& s) {
 }
 
 int32_t argmax(const float* l, int32_t vocab, size_t r) {
-  const int32_t best = reduce::argmax(l, vocab);  // ties keep the lowest id
+  const int32_t best = host_row_reductions().argmax(l, vocab);  // ties keep the lowest id
   FANTAI_REQUIRE(l[best] != kNegInf,
                  "sample: row " << r << ": every token is banned or has -inf logit");
   return best;
@@ -290,7 +303,7 @@ int32_t inverse_cdf(const Dist& d, double z, double u) {
 }
 
 int32_t draw(const float* l, int32_t vocab, const SampleRow& row, size_t r, Scratch& s) {
-  const engine::SamplingParams& p = *row.params;
+  const sampling::SamplingParams& p = *row.params;
   float lmax = kNegInf;
   for (int32_t i = 0; i < vocab; ++i) lmax = std::max(lmax, l[i]);
   FANTAI_REQUIRE(lmax != kNegInf,
@@ -326,6 +339,7 @@ void sample_row(float* l, int32_t vocab, const SampleRow& row, size_t r, SampleR
   fill_top(l, vocab, row.params->logprobs, lse, res);
   apply_penalties(l, row, s);
   apply_bias_and_bans(l, row, s);
+  apply_mask(l, vocab, row);
   const int32_t tok = row.params->greedy() ? argmax(l, vocab, r) : draw(l, vocab, row, r, s);
   res->token = tok;
   res->logprob = static_cast<float>(raw_logit(l, tok, s) - lse);
@@ -344,4 +358,4 @@ void sample(float* logits, int32_t vocab, const std::vector<SampleRow>& rows,
   }
 }
 
-}  // namespace fantai::model
+}  // namespace fantai::sampling

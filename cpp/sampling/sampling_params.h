@@ -1,11 +1,11 @@
-// engine: per-request sampling parameters (names follow vLLM's SamplingParams).
+// sampling: per-request sampling parameters (names follow vLLM's SamplingParams).
 #pragma once
 
 #include <cstdint>
 #include <utility>
 #include <vector>
 
-namespace fantai::engine {
+namespace fantai::sampling {
 
 struct SamplingParams {
   float temperature = 1.0f;        // <= 1e-5 means greedy
@@ -27,4 +27,4 @@ struct SamplingParams {
   void validate(int32_t vocab_size) const;  // throws InvalidArgument with a clear message
 };
 
-}  // namespace fantai::engine
+}  // namespace fantai::sampling

@@ -1,0 +1,104 @@
+// common: the plain data the model, the backends and the kernels hand each other across the seam
+// (no behaviour beyond sizes): the paged KV layout, a step's attention metadata, a quantized
+// matrix, and the sampler's row-reduction result.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/types.h"
+
+namespace fantai {
+
+// Shape of one layer's paged K (or V) cache. Layout: [num_blocks, num_kv_heads, block_size, head_dim],
+// so one head's tokens of one block are contiguous (head_dim-wide rows, block_size of them).
+// slot = block_id * block_size + offset_in_block.
+//
+// int8: the same layout of int8 values, then (at scales_offset(), in the same buffer) f32 scales
+// [num_blocks, num_kv_heads, block_size]: one per (slot, kv head), x ~= q * scale.
+// Why per token and not per block: a per-block scale must grow when a later token of the block
+// has a larger max, which requantizes the earlier tokens; their cached values would then depend
+// on how tokens were split into steps (chunked prefill, batching), and the engine promises that
+// batching and chunking never change tokens. A per-token scale is fixed when the token is stored.
+struct KVLayout {
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  DType dtype = DType::kF32;
+
+  int64_t slots() const { return static_cast<int64_t>(num_blocks) * block_size; }
+  // Bytes of the values (all blocks), and where the int8 scales start (64-byte aligned).
+  size_t data_bytes() const {
+    return static_cast<size_t>(slots()) * num_kv_heads * head_dim * dtype_size(dtype);
+  }
+  size_t scales_offset() const { return (data_bytes() + 63) & ~size_t{63}; }
+  size_t scale_bytes() const {
+    return dtype == DType::kI8 ? static_cast<size_t>(slots()) * num_kv_heads * sizeof(float) : 0;
+  }
+  // Bytes of one layer's K (or V) buffer, scales included.
+  size_t bytes() const { return dtype == DType::kI8 ? scales_offset() + scale_bytes() : data_bytes(); }
+  // Per block: bytes of values and of scales (each contiguous within its region).
+  size_t block_data_bytes() const {
+    return static_cast<size_t>(num_kv_heads) * block_size * head_dim * dtype_size(dtype);
+  }
+  size_t block_scale_bytes() const {
+    return dtype == DType::kI8 ? static_cast<size_t>(num_kv_heads) * block_size * sizeof(float) : 0;
+  }
+};
+
+// Attention metadata, built once per step by the model runner and handed to every layer.
+// The batch is flattened: sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1]).
+// Its KV after this step's store holds context_lens[s] tokens; query row j of sequence s sits at
+// position context_lens[s] - q_len_s + j and attends causally to KV positions <= its own.
+struct AttentionParams {
+  int32_t num_seqs = 0;
+  int32_t num_tokens = 0;              // cu_seqlens_q[num_seqs]
+  int32_t max_query_len = 0;           // max over s of q_len_s
+  int32_t max_context_len = 0;         // max over s of context_lens[s]
+  const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1]
+  const int32_t* context_lens = nullptr;  // [num_seqs], tokens, >= q_len_s
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] physical block ids
+  int32_t max_blocks_per_seq = 0;
+};
+
+// A group-quantized matrix of `rows` (outputs) x `cols` (inputs), as plain pointers. Element
+//   w[r, c] = scale[r, g] * float(q[r, c] - zero[r, g]) (+ min[r, g] when min != nullptr),
+//   g = c / group,
+// evaluated as one multiply and then one add, in f32, so every supported file format (GGUF
+// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the K-quants Q2_K..Q6_K, IQ4_NL/IQ4_XS, GPTQ, AWQ, online RTN)
+// dequantizes bit-exactly. The last group
+// may be partial; group == cols is per-channel. perm (GPTQ act-order): stored column c multiplies
+// input x[perm[c]].
+// Two layouts share the struct: canonical (host, layout == 0: q one byte per element, ld = cols
+// bytes per row; zero nullptr means zero_point for every group) and a backend's packed layout
+// (layout != 0, made by Backend::pack_quant; only that backend reads `data`).
+struct QuantMatrix {
+  int32_t bits = 8;   // 4 or 8: q values are < 2^bits
+  int32_t group = 0;  // columns per group
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int32_t layout = 0;   // 0 canonical; otherwise owned by the backend that packed it
+  int64_t ld = 0;       // bytes per row of data
+  const void* data = nullptr;
+  const float* scale = nullptr;    // [rows, ngroups()]
+  const uint8_t* zero = nullptr;   // [rows, ngroups()] or nullptr
+  int32_t zero_point = 0;          // the zero of every group when zero == nullptr
+  const float* min = nullptr;      // [rows, ngroups()] or nullptr
+  const int32_t* perm = nullptr;   // [cols] or nullptr
+  int64_t ngroups() const { return group > 0 ? (cols + group - 1) / group : 0; }
+};
+
+// Throws InvalidArgument unless `m` is a well-formed canonical matrix: bits 4 or 8, q < 2^bits,
+// group > 0 and a multiple of 16 or >= cols (no vector step straddles groups), scale present,
+// perm a permutation of [0, cols).
+void check_quant_matrix(const QuantMatrix& m);
+
+// Largest non-NaN value of a logits row (-inf when all are -inf / NaN) and the sum of
+// exp(l - max); the sum is NaN when the row holds a NaN or max is +inf.
+struct MaxSumExp {
+  float max = 0.0f;
+  double sum = 0.0;
+};
+
+}  // namespace fantai

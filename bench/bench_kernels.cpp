@@ -28,6 +28,7 @@
 #endif
 
 #include "backend/backend.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "backend/backend.h"
+#include "common/op_types.h"
 
 namespace fantai::cuda {
 

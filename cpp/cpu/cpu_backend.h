@@ -6,10 +6,14 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "cpu/cpu_features.h"
 
 namespace fantai::cpu {
 
 std::shared_ptr<Backend> create_cpu_backend(int num_threads);
+// The CPU backend on a given ISA level (tests and benches compare levels; the registry uses
+// active_isa()).
+std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads);
 
 // The instruction-set level chosen at run time ("avx512", "avx2", "scalar"); FANTAI_CPU_ISA
 // (same names) forces a lower level for testing.

@@ -1,14 +1,20 @@
-// cpu: CPUID/XGETBV probe; the kernels compiled with -mavx2/-mavx512* are only called when it says so.
+// cpu: the CPUID/XGETBV probe and the FANTAI_* switches (see cpu_features.h); the kernels compiled
+// with -mavx2/-mavx512*/-mamx-* are only called when it says so.
 #include "cpu/cpu_features.h"
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "common/check.h"
 #include "common/logging.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace fantai::cpu {
@@ -22,28 +28,49 @@ uint64_t xgetbv0() {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
-Isa probe() {
+// Tile state granted by Linux (arch_prctl ARCH_REQ_XCOMP_PERM); AMX instructions fault without it.
+bool tile_permission() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+#else
+  return false;
+#endif
+}
+
+CpuFeatures probe() {
+  CpuFeatures f;
   unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::kScalar;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = c & (1u << 27), avx = c & (1u << 28), fma = c & (1u << 12),
              f16c = c & (1u << 29);
-  if (!osxsave || !avx) return Isa::kScalar;
+  if (!osxsave || !avx) return f;
   const uint64_t xcr0 = xgetbv0();
-  if ((xcr0 & 0x6) != 0x6) return Isa::kScalar;  // OS must save XMM and YMM state
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::kScalar;
+  if ((xcr0 & 0x6) != 0x6) return f;  // OS must save XMM and YMM state
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   const bool avx2 = b & (1u << 5);
-  if (!(avx2 && fma && f16c)) return Isa::kScalar;
-  const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
+  if (!(avx2 && fma && f16c)) return f;
+  f.isa = Isa::kAvx2;
+  const bool avx512f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
   const bool zmm_state = (xcr0 & 0xe0) == 0xe0;  // opmask, ZMM0-15 high halves, ZMM16-31
-  if (f && dq && bw && vl && zmm_state) return Isa::kAvx512;
-  return Isa::kAvx2;
+  if (!(avx512f && dq && bw && vl && zmm_state)) return f;
+  f.isa = Isa::kAvx512;
+  f.avx512_vnni = c & (1u << 11);
+  // Leaf 7.0 EDX: bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8; leaf 7.1 EAX bit 5: AVX512-BF16.
+  const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1, amx_int8 = (d >> 25) & 1;
+  unsigned a1 = 0, b1, c1, d1;
+  if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = (a1 >> 5) & 1;
+  const bool tiles = amx_tile && (amx_bf16 || amx_int8) && tile_permission();
+  f.amx_bf16 = tiles && amx_bf16 && f.avx512_bf16;
+  f.amx_int8 = tiles && amx_int8;
+  return f;
 }
 #else
-Isa probe() { return Isa::kScalar; }
+CpuFeatures probe() { return {}; }
 #endif
 
 Isa choose() {
-  const Isa hw = probe();
+  const Isa hw = cpu_features().isa;
   const char* env = std::getenv("FANTAI_CPU_ISA");
   if (!env || !*env) return hw;
   Isa want;
@@ -62,10 +89,25 @@ Isa choose() {
 
 }  // namespace
 
-Isa detected_isa() {
-  static const Isa isa = probe();
-  return isa;
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = probe();
+  return f;
 }
+
+CpuSwitches cpu_switches() {
+  CpuSwitches s;
+  const char* qk = std::getenv("FANTAI_QUANT_KERNEL");
+  FANTAI_REQUIRE(!qk || !*qk || !std::strcmp(qk, "f32") || !std::strcmp(qk, "int8") || !std::strcmp(qk, "vnni"),
+                 "FANTAI_QUANT_KERNEL='" << qk << "' not understood (int8|f32)");
+  s.quant_f32 = qk && !std::strcmp(qk, "f32");
+  const char* amx = std::getenv("FANTAI_AMX");
+  FANTAI_REQUIRE(!amx || !*amx || !std::strcmp(amx, "0") || !std::strcmp(amx, "1"),
+                 "FANTAI_AMX='" << amx << "' not understood (0|1)");
+  s.amx = !(amx && !std::strcmp(amx, "0"));
+  return s;
+}
+
+Isa detected_isa() { return cpu_features().isa; }
 
 Isa active_isa() {
   static const Isa isa = choose();

@@ -1,4 +1,5 @@
-// cpu: run-time instruction-set probe (CPUID once) and the FANTAI_CPU_ISA override.
+// cpu: the one run-time CPU probe (CPUID, XGETBV and Linux's AMX tile permission, once per
+// process) and the one parser of the FANTAI_* kernel switches. Everything else reads these.
 #pragma once
 
 namespace fantai::cpu {
@@ -6,9 +7,28 @@ namespace fantai::cpu {
 // Ordered: a higher level implies the lower ones are usable too.
 enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// Highest level both the CPU and the OS (saved register state) support. Probed once.
+// What the CPU and the OS offer, probed once.
+struct CpuFeatures {
+  Isa isa = Isa::kScalar;     // highest level both the CPU and the OS (saved register state) support
+  bool avx512_vnni = false;   // vpdpbusd (with isa == kAvx512)
+  bool avx512_bf16 = false;   // vdpbf16ps, vcvtneps2bf16 (with isa == kAvx512)
+  bool amx_bf16 = false;      // AMX-TILE + AMX-BF16 (+ AVX512-BF16), tile state granted by Linux
+  bool amx_int8 = false;      // AMX-TILE + AMX-INT8, tile state granted by Linux
+};
+const CpuFeatures& cpu_features();
+
+// The FANTAI_* kernel switches, read from the environment each time a CPU backend is made (so
+// a test can flip one between backends). Throws InvalidArgument naming a value it cannot parse.
+struct CpuSwitches {
+  bool quant_f32 = false;  // FANTAI_QUANT_KERNEL=f32: f32-dequant kernels, exact activations
+                           // (default / int8 / vnni: the int8-activation panel kernels)
+  bool amx = true;         // FANTAI_AMX=0 turns AMX off (A/B runs)
+};
+CpuSwitches cpu_switches();
+
+// cpu_features().isa, and that level lowered by FANTAI_CPU_ISA=avx512|avx2|scalar when set
+// (never raised; read once per process, a bad value warns and is ignored).
 Isa detected_isa();
-// detected_isa(), lowered by FANTAI_CPU_ISA=avx512|avx2|scalar when set (never raised).
 Isa active_isa();
 const char* isa_name(Isa isa);
 // Parses "avx512" / "avx2" / "scalar"; returns false for anything else.

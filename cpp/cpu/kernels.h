@@ -2,9 +2,8 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 
-#include "backend/backend.h"
+#include "common/op_types.h"
 #include "common/types.h"
 #include "cpu/cpu_features.h"
 #include "cpu/row_reduce.h"
@@ -80,10 +79,6 @@ const KernelTable* avx2_kernels();
 const KernelTable* avx512_kernels();
 // Table of a level; throws if the CPU cannot run it.
 const KernelTable& kernels_for(Isa isa);
-
-// The CPU backend on a given ISA level (tests and benches compare levels; the registry uses
-// active_isa()).
-std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads);
 
 // Slow, obvious implementations of every Backend op (double accumulation): the test oracle.
 namespace ref {

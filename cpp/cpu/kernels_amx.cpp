@@ -7,12 +7,10 @@
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include "cpu/amx_tiles.h"
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "cpu/cpu_features.h"
 
 #include "cpu/vt_avx512.h"  // last: from here on the TU is AVX-512 code
 
@@ -22,24 +20,6 @@ namespace {
 #define FA_INLINE inline __attribute__((always_inline))
 
 constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes
-
-// Tile state granted by Linux (arch_prctl ARCH_REQ_XCOMP_PERM), asked once per process.
-bool tile_permission() {
-  static const bool ok = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
-  }();
-  return ok;
-}
-
-// CPUID leaf 7.0 EDX: bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8.
-bool probe(int bit) {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  if (!((d >> 24) & 1) || !((d >> bit) & 1)) return false;
-  if (bit == 22 && (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1))) return false;  // AVX512-BF16
-  return tile_permission();
-}
 
 // One output tile pair's destination: rows [r, r + rows) x columns [j0, j0 + cols) of y. With
 // act_hi set, the pair is (gate, up) of 16 columns instead, and what is stored is the MLP's
@@ -240,15 +220,9 @@ FA_INLINE void sweep_rows2(const uint16_t* h0, const uint16_t* h1, int64_t ldx_b
 
 }  // namespace
 
-bool amx_usable() {
-  static const bool ok = probe(22);
-  return ok;
-}
+bool amx_usable() { return cpu_features().amx_bf16; }
 
-bool amx_int8_usable() {
-  static const bool ok = probe(25);
-  return ok;
-}
+bool amx_int8_usable() { return cpu_features().amx_int8; }
 
 size_t amx_packed_bytes(int64_t n, int64_t k) {
   return static_cast<size_t>((n + 15) / 16) * static_cast<size_t>(amx_k_pad(k) / 32) * kTileBytes;

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backend/backend.h"
+#include "common/op_types.h"
 #include "cpu/cpu_features.h"
 
 namespace fantai::cpu {

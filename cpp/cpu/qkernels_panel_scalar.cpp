@@ -77,4 +77,28 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
 
 LinearPanelFn scalar_linear_panel() { return linear_panel; }
 
+// The portable activation quantizer (the SIMD quantizers are tested bit-equal to it).
+void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d,
+                        int32_t* s) {
+  const int64_t nb = (k + block - 1) / block, ld = nb * block;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * k + b * block;
+      int8_t* qb = q + r * ld + b * block;
+      const int64_t len = std::min<int64_t>(block, k - b * block);
+      float amax = 0.f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float db = amax / 127.f;
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < block; ++i) {
+        const int v = i < len ? static_cast<int>(std::nearbyint(xb[i] * inv)) : 0;
+        qb[i] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+        sum += qb[i];
+      }
+      d[r * nb + b] = db;
+      s[r * nb + b] = sum;
+    }
+}
+
 }  // namespace fantai::cpu

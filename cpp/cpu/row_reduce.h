@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "backend/backend.h"
+#include "common/op_types.h"
 
 namespace fantai::cpu {
 

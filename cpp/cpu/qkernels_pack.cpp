@@ -1,0 +1,268 @@
+// cpu: packing of quantized matrices into the CPU layouts (row-major f32-scale layout and the
+// 16-row panels of the int8-activation kernels), and reading one row back out of a panel.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/check.h"
+#include "common/types.h"
+#include "cpu/qkernels.h"
+
+namespace fantai::cpu {
+namespace {
+
+size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
+
+int64_t packed_ld(int32_t bits, int64_t cols) {
+  return bits == 8 ? (cols + 15) / 16 * 16 : (cols + 31) / 32 * 16;
+}
+
+// Whether every group of the canonical matrix has the same zero (so one constant replaces the
+// array); sets *value to it.
+bool uniform_zero(const QuantMatrix& m, int32_t* value) {
+  if (!m.zero) {
+    *value = m.zero_point;
+    return true;
+  }
+  const int64_t n = m.rows * m.ngroups();
+  for (int64_t i = 1; i < n; ++i)
+    if (m.zero[i] != m.zero[0]) return false;
+  *value = m.zero[0];
+  return true;
+}
+
+struct Offsets {
+  size_t scale, zero, min, perm, total;
+};
+
+Offsets packed_offsets(const QuantMatrix& m) {
+  const size_t ng = static_cast<size_t>(m.rows * m.ngroups());
+  int32_t zp;
+  Offsets o;
+  size_t at = align64(static_cast<size_t>(m.rows * packed_ld(m.bits, m.cols)));
+  o.scale = at;
+  at = align64(at + ng * sizeof(float));
+  o.zero = at;
+  if (!uniform_zero(m, &zp)) at = align64(at + ng);
+  o.min = at;
+  if (m.min) at = align64(at + ng * sizeof(float));
+  o.perm = at;
+  if (m.perm) at = align64(at + static_cast<size_t>(m.cols) * sizeof(int32_t));
+  o.total = at;
+  return o;
+}
+
+}  // namespace
+
+size_t cpu_quant_packed_bytes(const QuantMatrix& m) {
+  check_quant_matrix(m);
+  return packed_offsets(m).total;
+}
+
+QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
+  check_quant_matrix(m);
+  const Offsets o = packed_offsets(m);
+  char* base = static_cast<char*>(dst);
+  std::memset(base, 0, o.total);
+  QuantMatrix p = m;
+  p.layout = kCpuQuantLayout;
+  p.ld = packed_ld(m.bits, m.cols);
+  const uint8_t* q = static_cast<const uint8_t*>(m.data);
+  uint8_t* out = reinterpret_cast<uint8_t*>(base);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const uint8_t* src = q + r * m.ld;
+    uint8_t* row = out + r * p.ld;
+    if (m.bits == 8) {
+      std::memcpy(row, src, static_cast<size_t>(m.cols));
+    } else {
+      for (int64_t c = 0; c < m.cols; ++c) {
+        const int64_t b = c / 32, i = c % 32;
+        row[b * 16 + (i & 15)] |= static_cast<uint8_t>(src[c] << (i < 16 ? 0 : 4));
+      }
+    }
+  }
+  const size_t ng = static_cast<size_t>(m.rows * m.ngroups());
+  std::memcpy(base + o.scale, m.scale, ng * sizeof(float));
+  p.scale = reinterpret_cast<const float*>(base + o.scale);
+  int32_t zp = 0;
+  if (uniform_zero(m, &zp)) {
+    p.zero = nullptr;
+    p.zero_point = zp;
+  } else {
+    std::memcpy(base + o.zero, m.zero, ng);
+    p.zero = reinterpret_cast<const uint8_t*>(base + o.zero);
+    p.zero_point = 0;
+  }
+  if (m.min) {
+    std::memcpy(base + o.min, m.min, ng * sizeof(float));
+    p.min = reinterpret_cast<const float*>(base + o.min);
+  }
+  if (m.perm) {
+    std::memcpy(base + o.perm, m.perm, static_cast<size_t>(m.cols) * sizeof(int32_t));
+    p.perm = reinterpret_cast<const int32_t*>(base + o.perm);
+  }
+  p.data = base;
+  return p;
+}
+
+// ---- panel layout (int8 activations) ----------------------------------------------------------------
+
+
+namespace {
+
+// Bytes of group g of one panel: whole 4-column (8-bit) or 8-column (4-bit) steps of 64 bytes.
+int64_t panel_group_bytes(const QuantMatrix& m, int64_t g) {
+  const int64_t len = std::min<int64_t>(m.group, m.cols - g * m.group);
+  const int64_t step = m.bits == 8 ? 4 : 8;
+  return (len + step - 1) / step * 64;
+}
+
+int64_t panel_ld(const QuantMatrix& m) {
+  const int64_t ng = m.ngroups();
+  return (ng - 1) * panel_group_bytes(m, 0) + panel_group_bytes(m, ng - 1);
+}
+
+// Whether v is exactly an f16 value, from its bits (a round trip per scale was a measurable part
+// of start-up): normal f16 keep 10 mantissa bits; subnormals (2^-24 .. 2^-15) fewer.
+bool is_half(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const int e = static_cast<int>((u >> 23) & 0xff) - 127;
+  const uint32_t man = u & 0x7fffffu;
+  if (e == -127) return man == 0;  // zero (f32 subnormals are below f16's smallest)
+  if (e > 15 || e < -24) return false;  // also inf/NaN
+  const int drop = e >= -14 ? 13 : 13 + (-14 - e);
+  return (man & ((1u << drop) - 1u)) == 0;
+}
+
+// Whether every scale and min survives a round trip through f16.
+bool half_scales(const QuantMatrix& m) {
+  const int64_t n = m.rows * m.ngroups();
+  for (int64_t i = 0; i < n; ++i)
+    if (!is_half(m.scale[i]) || (m.min && !is_half(m.min[i]))) return false;
+  return true;
+}
+
+Offsets panel_offsets(const QuantMatrix& m, bool half) {
+  const int64_t panels = (m.rows + 15) / 16;
+  const size_t n = static_cast<size_t>(panels * m.ngroups() * 16);
+  const size_t es = half ? 2 : 4;
+  int32_t zp;
+  Offsets o;
+  size_t at = align64(static_cast<size_t>(panels * panel_ld(m)));
+  o.scale = at;
+  at = align64(at + n * es);
+  o.zero = at;
+  if (!uniform_zero(m, &zp)) at = align64(at + n);
+  o.min = at;
+  if (m.min) at = align64(at + n * es);
+  o.perm = at;
+  if (m.perm) at = align64(at + static_cast<size_t>(m.cols) * sizeof(int32_t));
+  o.total = at;
+  return o;
+}
+
+// Byte of (row r, column c) inside a panel-layout buffer, and whether it is the high nibble.
+size_t panel_pos(const QuantMatrix& m, int64_t r, int64_t c, int64_t ld, bool* high) {
+  const int64_t g = c / m.group, cg = c - g * m.group;
+  const int64_t base = (r / 16) * ld + g * panel_group_bytes(m, 0);
+  const int64_t lane = r % 16;
+  if (m.bits == 8) {
+    *high = false;
+    return static_cast<size_t>(base + (cg / 4) * 64 + lane * 4 + cg % 4);
+  }
+  const int64_t j = cg % 8;
+  *high = j >= 4;
+  return static_cast<size_t>(base + (cg / 8) * 64 + lane * 4 + j % 4);
+}
+
+}  // namespace
+
+size_t cpu_quant_panel_bytes(const QuantMatrix& m) {
+  check_quant_matrix(m);
+  return panel_offsets(m, half_scales(m)).total;
+}
+
+QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
+  check_quant_matrix(m);
+  const bool half = half_scales(m);
+  const Offsets o = panel_offsets(m, half);
+  char* base = static_cast<char*>(dst);
+  std::memset(base, 0, o.total);
+  QuantMatrix p = m;
+  p.layout = half ? kCpuQuantPanelHalfLayout : kCpuQuantPanelLayout;
+  p.ld = panel_ld(m);
+  uint8_t* out = reinterpret_cast<uint8_t*>(base);
+  const uint8_t* q = static_cast<const uint8_t*>(m.data);
+  const int64_t ng = m.ngroups(), gb0 = panel_group_bytes(m, 0);
+  // Walks panel_pos's layout a step (4 or 8 columns) at a time: this runs over every weight at
+  // load, and panel_pos's per-element divisions made it most of the start-up time.
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const uint8_t* qr = q + r * m.ld;
+    uint8_t* lane = out + (r / 16) * p.ld + (r % 16) * 4;
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t c0 = g * m.group, len = std::min<int64_t>(m.group, m.cols - c0);
+      const uint8_t* qg = qr + c0;
+      uint8_t* dg = lane + g * gb0;
+      if (m.bits == 8) {
+        for (int64_t c = 0; c < len; ++c) dg[(c >> 2) * 64 + (c & 3)] = qg[c];
+      } else {
+        int64_t c = 0;
+        for (; c + 8 <= len; c += 8) {
+          uint8_t* d = dg + (c >> 3) * 64;
+          for (int j = 0; j < 4; ++j) d[j] = static_cast<uint8_t>(qg[c + j] | (qg[c + 4 + j] << 4));
+        }
+        for (; c < len; ++c) dg[(c >> 3) * 64 + (c & 3)] |= static_cast<uint8_t>(qg[c] << ((c & 7) >= 4 ? 4 : 0));
+      }
+    }
+  }
+  int32_t zp = 0;
+  const bool uniform = uniform_zero(m, &zp);
+  uint8_t* zero = uniform ? nullptr : reinterpret_cast<uint8_t*>(base + o.zero);
+  auto put = [&](size_t region, size_t at, float v) {
+    if (half) {
+      const uint16_t h = f32_to_f16(v);
+      std::memcpy(base + region + at * 2, &h, 2);
+    } else {
+      std::memcpy(base + region + at * 4, &v, 4);
+    }
+  };
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t g = 0; g < ng; ++g) {
+      const size_t at = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
+      put(o.scale, at, m.scale[r * ng + g]);
+      if (m.min) put(o.min, at, m.min[r * ng + g]);
+      if (zero) zero[at] = m.zero[r * ng + g];
+    }
+  p.scale = reinterpret_cast<const float*>(base + o.scale);
+  p.min = m.min ? reinterpret_cast<const float*>(base + o.min) : nullptr;
+  p.zero = zero;
+  p.zero_point = uniform ? zp : 0;
+  if (m.perm) {
+    std::memcpy(base + o.perm, m.perm, static_cast<size_t>(m.cols) * sizeof(int32_t));
+    p.perm = reinterpret_cast<const int32_t*>(base + o.perm);
+  }
+  p.data = base;
+  return p;
+}
+
+void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out) {
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  const int64_t ng = w.ngroups();
+  for (int64_t c = 0; c < w.cols; ++c) {
+    bool high;
+    const uint8_t b = data[panel_pos(w, r, c, w.ld, &high)];
+    const int q = w.bits == 8 ? b : high ? b >> 4 : b & 15;
+    const size_t i = static_cast<size_t>(((r / 16) * ng + c / w.group) * 16 + r % 16);
+    const int z = w.zero ? w.zero[i] : w.zero_point;
+    const bool half = w.layout == kCpuQuantPanelHalfLayout;
+    auto get = [&](const float* a) {
+      return half ? f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]) : a[i];
+    };
+    volatile float v = get(w.scale) * static_cast<float>(q - z);
+    out[c] = w.min ? v + get(w.min) : v;
+  }
+}
+
+}  // namespace fantai::cpu

@@ -88,6 +88,15 @@ class Backend {
                         const int64_t* slot_mapping, int64_t num_tokens, void* k_cache,
                         void* v_cache, const KVLayout& layout) = 0;
 
+  // Attention is planned once per step and run per layer (FlashInfer's plan / run): the model
+  // calls plan_attention with the step's layout, metadata and head count before its first layer
+  // and end_attention_plan after its last (or when it throws). An attention() call with that same
+  // layout, metadata and head count reuses the plan (work items built, block ids checked once);
+  // any other call plans for itself. The default has nothing to plan.
+  virtual void plan_attention(const KVLayout& /*layout*/, const AttentionParams& /*p*/,
+                              int32_t /*num_q_heads*/) {}
+  virtual void end_attention_plan() {}
+
   // Paged causal attention (prefill chunks and decodes mixed) with grouped-query heads.
   // q: [num_tokens, q_stride] with num_q_heads * head_dim used; out: [num_tokens, num_q_heads *
   // head_dim]. Query head h reads KV head h / (num_q_heads / num_kv_heads). scale multiplies q.k.

@@ -160,6 +160,12 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
                    "position " << host_batch.positions[i] << " exceeds max_position_embeddings " << max_positions_);
   }
   const ForwardBatch b = be->is_device() ? stage_on_device(host_batch) : host_batch;
+  // Every layer attends over the same metadata: plan it once for the step.
+  struct PlanScope {
+    Backend* be;
+    ~PlanScope() { be->end_attention_plan(); }
+  } plan_scope{be};
+  be->plan_attention(cache.layout(), b.attn, c.num_heads);
   float* residual = residual_.as<float>();
   float* normed = normed_.as<float>();
   if (!weights_.embed_q().empty()) be->embedding_q(b.token_ids, n, weights_.embed_q().front().w, residual);

@@ -1,0 +1,173 @@
+// cpu: the CPU Backend class, shared by its rooms: construction and memory (cpu_backend.cpp),
+// linears dense, packed and quantized (cpu_backend_linear.cpp), the KV store and paged attention
+// (cpu_backend_attention.cpp), norms, RoPE, SiLU-mul, embedding and add (cpu_backend_misc.cpp).
+// Each op checks its arguments, splits the work over the thread pool and calls the kernel table
+// of the chosen ISA; splitting never changes a row's arithmetic (see kernels.h). Private to cpu/.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "cpu/kernels_amx.h"
+#include "cpu/qkernels.h"
+#include "cpu/thread_pool.h"
+
+namespace fantai::cpu {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Below this many multiply-adds (or bytes moved) an op runs on the calling thread: waking the
+// pool costs more than it saves.
+constexpr int64_t kParallelMinWork = 1 << 15;
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(Isa isa, int num_threads);
+
+  std::string name() const override { return "cpu"; }
+  int num_threads() const override { return pool_.size(); }
+
+  void* alloc(size_t bytes) override;
+  void free(void* ptr) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void fill_zero(void* dst, size_t bytes) override;
+  void release_pages(void* ptr, size_t bytes) override;
+
+  void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
+              int64_t n, int64_t k) override;
+
+  bool set_matmul_precision(DType precision) override;
+
+  size_t dense_packed_bytes(DType dt, int64_t n, int64_t k) const override;
+  void pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst) override;
+
+  void linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y, int64_t m,
+                     int64_t n, int64_t k) override;
+
+  bool mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out, int64_t m,
+                  int64_t inter, int64_t hidden) override;
+
+  size_t quant_packed_bytes(const QuantMatrix& canonical) const override;
+  QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst) override;
+
+  void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                int64_t ldy) override;
+
+  void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override;
+
+  void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                float eps) override;
+
+  void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
+                    int64_t dim, float eps) override;
+
+  void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
+            int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+            const float* cos_sin) override;
+
+  void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
+                int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L) override;
+
+  void plan_attention(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads) override;
+  void end_attention_plan() override;
+  void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                 const KVLayout& L, const AttentionParams& p, int32_t num_q_heads, float scale,
+                 float* out) override;
+
+  void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override;
+
+  void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
+                 float* out) override;
+
+  void add(float* x, const float* y, int64_t n) override;
+
+ private:
+  // A step's attention work, planned once and run per layer (cpu_backend_attention.cpp).
+  static constexpr int kAttnQTile = 16;  // query rows per work item
+  struct AttnPlan {
+    bool active = false;  // made by plan_attention, not yet ended
+    KVLayout layout;
+    AttentionParams params;
+    int32_t num_q_heads = 0;
+    std::vector<AttnItem> items;     // without the per-layer pointers
+    std::vector<int64_t> first_row;  // each item's first query row
+  };
+  void build_attention_plan(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads,
+                            AttnPlan* plan) const;
+  AttnPlan plan_;
+
+  // The one split of a linear over the pool (dense and quantized): rows in blocks of 64 (an x block
+  // stays in L2 while weight tiles stream past it), columns in 16-aligned chunks sized for a few
+  // tasks per thread (dynamic balance). fn(r0, r1, j0, j1) computes rows [r0, r1) x cols [j0, j1).
+  template <typename Fn>
+  void for_each_linear_tile(int64_t m, int64_t n, int64_t k, const Fn& fn) {
+    const int64_t row_block = 64;
+    const int64_t row_blocks = ceil_div(m, row_block);
+    const int T = pool_.size();
+    const int64_t want_chunks = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
+    int64_t col_chunk = (ceil_div(n, want_chunks) + 15) / 16 * 16;
+    col_chunk = std::max<int64_t>(16, std::min<int64_t>(col_chunk, 2048));
+    const int64_t col_chunks = ceil_div(n, col_chunk);
+    pool_.parallel_for(row_blocks * col_chunks, [&](int64_t t, int) {
+      const int64_t r0 = t / col_chunks * row_block, j0 = t % col_chunks * col_chunk;
+      fn(r0, std::min(m, r0 + row_block), j0, std::min(n, j0 + col_chunk));
+    });
+  }
+
+  static uint16_t* aligned64(std::vector<uint16_t>& v);
+  void split_packed(const float* x, int64_t m, int64_t n, int64_t k, uint16_t** hi_out, uint16_t** lo_out);
+  void run_packed(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed, int64_t n,
+                  const float* bias, float* y, const AmxActOut* act);
+  void linear_panel(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy);
+
+  // Runs f(row) for every row, spread over the pool in contiguous runs when there is enough work.
+  template <typename F>
+  void for_rows(int64_t rows, int64_t work_per_row, F&& f) {
+    if (rows <= 0) return;
+    if (rows == 1 || rows * work_per_row < kParallelMinWork || pool_.size() == 1) {
+      for (int64_t r = 0; r < rows; ++r) f(r);
+      return;
+    }
+    const int64_t tasks = std::min<int64_t>(rows, 4 * pool_.size());
+    pool_.parallel_for(tasks, [&](int64_t t, int) {
+      const int64_t r0 = rows * t / tasks, r1 = rows * (t + 1) / tasks;
+      for (int64_t r = r0; r < r1; ++r) f(r);
+    });
+  }
+
+  static constexpr size_t kMapThreshold = size_t{1} << 20;
+
+  Isa isa_;
+  const KernelTable& k_;
+  const QKernelTable& qk_;
+  // Quantized matrices use the panel path (int8 activations: VNNI, AVX2 or portable) unless
+  // FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
+  const char* panel_name_ = "scalar";
+  LinearPanelFn panel_fn_ = nullptr;
+  QuantizeRowsFn quant_rows_fn_ = quantize_rows_int8;
+  LinearPanelFn amx_panel_fn_ = nullptr;  // AMX int8 twin of panel_fn_, or none
+  static constexpr int64_t kAmxPanelMinRows = 16;
+  static constexpr int64_t kAmxChunkBytes = 512 << 10;  // bf16 weights per linear_packed task
+  bool panel_ = false;
+  bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
+  bool bf16_act_ = false;  // set_matmul_precision(kBF16) on AMX: one bf16 part, not two (or three)
+  ThreadPool pool_;
+  std::vector<float> perm_scratch_;  // linear_q act-order gather; the step thread is the only caller
+  std::vector<uint16_t> amx_hi_, amx_lo_;  // linear_packed's bf16 halves of x; likewise
+  std::vector<uint16_t> amx_act_hi_, amx_act_lo_;  // mlp_packed's activation halves; likewise
+  std::vector<int8_t> xq_q_;                // linear_panel's int8 activations; likewise
+  std::vector<float> xq_d_;
+  std::vector<int32_t> xq_s_;
+  std::mutex mapped_mu_;
+  std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
+};
+
+}  // namespace fantai::cpu

@@ -175,9 +175,6 @@ class EngineArgs:
         check=_choice(QUANTIZATIONS), choices=QUANTIZATIONS)
     dequantize: bool = _option(
         False, "load a GGUF's quantized tensors as dense --dtype weights (reference runs)")
-    # Activations meeting bf16 weights or a bf16 KV cache: "float32" keeps them f32-grade;
-    # "bfloat16" lets a bf16 matrix unit (CPU AMX) round them to bf16 first, as torch's bf16
-    # matmul, llama.cpp and vLLM do: faster prefill, tokens no longer exact against an f32 reference.
     matmul_precision: str = _option(
         "float32", "activations meeting bf16 weights or a bf16 KV cache: float32 keeps them "
                    "f32-grade; bfloat16 rounds them to bf16 where a bf16 matrix unit (AMX) runs "

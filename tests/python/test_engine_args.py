@@ -79,7 +79,8 @@ def test_cli_round_trips_to_engine_config(model_dir: Path) -> None:
     config = args.core_config([2, 5], model_dtype="bfloat16")
     assert (config.block_size, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len) == (
         8, 7, 96, 512)
-    assert (config.seed, config.num_blocks, config.kv_cache_bytes, config.kv_cache_dtype) == (11, 40, 3 << 20, "int8")
+    assert (config.seed, config.num_blocks, config.kv_cache_bytes, config.kv_cache_dtype) == (
+        11, 40, 3 << 20, "int8")
     assert not config.enable_chunked_prefill and not config.enable_prefix_caching
     assert list(config.eos_token_ids) == [2, 5]
     # Defaults on both paths are the same object's defaults.
@@ -99,7 +100,8 @@ def test_help_lists_every_field(command: str) -> None:
     res = fantai_cli(*command.split(), "--help")
     assert res.returncode == 0, res.stderr
     cls = AsyncEngineArgs if command == "serve" else EngineArgs
-    missing = [flag(f.name) for f in dataclasses.fields(cls) if f.name != "model" and flag(f.name) not in res.stdout]
+    missing = [flag(f.name) for f in dataclasses.fields(cls)
+               if f.name != "model" and flag(f.name) not in res.stdout]
     assert not missing, f"`fantai {command} --help` lacks {missing}"
     for name in BOOL_FLAGS:
         assert "--no-" + flag(name)[2:] in res.stdout

@@ -8,9 +8,10 @@ from fantai.outputs import CompletionOutput, Logprob, RequestOutput
 from fantai.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "AsyncEngineArgs", "EngineArgs", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
+    from fantai.engine_args import AsyncEngineArgs, EngineArgs
     from fantai.llm import LLM
 
 
@@ -21,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from fantai.llm import LLM
 
         return LLM
+    if name in ("EngineArgs", "AsyncEngineArgs"):
+        from fantai import engine_args
+
+        return getattr(engine_args, name)
     if name == "cmake_prefix_path":
         import os
 

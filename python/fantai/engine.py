@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fantai import _C
-from fantai.config import CoreHolder, EngineOptions
+from fantai.config import CoreHolder
+from fantai.engine_args import AsyncEngineArgs, EngineArgs, engine_args_from
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
@@ -19,25 +20,16 @@ logger = logging.getLogger("fantai")
 
 
 class AsyncEngine(CoreHolder):
-    def __init__(self, model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
-                 kv_cache_memory: int | str | None = None, memory_utilization: float | None = None,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
-                 seed: int = 0, threads: int | None = None, chat_template: str | None = None,
-                 enable_chunked_prefill: bool = True, num_kv_blocks: int | None = None,
-                 enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto", device: str = "cpu",
-                 quantization: str = "none", dequantize: bool = False,
-                 matmul_precision: str = "float32",
-                 idle_release_seconds: float = 10.0) -> None:
-        super().__init__(model, EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization,
-                                              max_num_seqs, max_num_batched_tokens, block_size, seed, threads,
-                                              enable_chunked_prefill, num_kv_blocks, enable_prefix_caching,
-                                              kv_cache_dtype, device, quantization, dequantize,
-                                              matmul_precision),
-                         chat_template)
+    def __init__(self, model: str | None = None, *, engine_args: EngineArgs | None = None,
+                 **kwargs: Any) -> None:
+        """kwargs: any AsyncEngineArgs field (EngineArgs' and idle_release_seconds); with
+        engine_args too, they override its values."""
+        options = engine_args_from(AsyncEngineArgs, model, engine_args, kwargs, "AsyncEngine")
+        super().__init__(options)
         # From here on the loop thread owns self.engine: only the thread-safe EngineLoop is used.
         self._loop = _C.EngineLoop(self.engine)
         # After a burst, unused KV pages go back to the OS once the engine has idled this long.
-        self._loop.set_idle_release(idle_release_seconds)
+        self._loop.set_idle_release(options.idle_release_seconds)
         self._owner: dict[int, tuple[RequestState, int, asyncio.Queue[None], asyncio.AbstractEventLoop]] = {}
         self._by_request: dict[str, RequestState] = {}
         self._lock = threading.Lock()

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from fantai.config import CoreHolder, EngineOptions
+from fantai.config import CoreHolder
+from fantai.engine_args import EngineArgs, engine_args_from
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
@@ -20,23 +21,15 @@ class LLM(CoreHolder):
     """A model plus a paged-KV continuous-batching engine, for offline batches.
 
     >>> llm = LLM()  # the bundled SmolLM2-135M-Instruct
+    >>> llm = LLM("model.gguf", threads=2, kv_cache_memory="1G")  # any EngineArgs field
     >>> llm.chat([{"role": "user", "content": "Hi!"}], SamplingParams(max_tokens=32))
     """
 
-    def __init__(self, model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
-                 kv_cache_memory: int | str | None = None, memory_utilization: float | None = None,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
-                 seed: int = 0, threads: int | None = None, enable_chunked_prefill: bool = True,
-                 num_kv_blocks: int | None = None, chat_template: str | None = None,
-                 enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto",
-                 device: str = "cpu", quantization: str = "none", dequantize: bool = False,
-                 matmul_precision: str = "float32") -> None:
-        super().__init__(model, EngineOptions(dtype, max_model_len, kv_cache_memory, memory_utilization,
-                                              max_num_seqs, max_num_batched_tokens, block_size, seed, threads,
-                                              enable_chunked_prefill, num_kv_blocks, enable_prefix_caching,
-                                              kv_cache_dtype, device, quantization, dequantize,
-                                              matmul_precision),
-                         chat_template)
+    def __init__(self, model: str | None = None, *, engine_args: EngineArgs | None = None,
+                 **kwargs: Any) -> None:
+        """kwargs: any EngineArgs field (dtype, threads, kv_cache_memory, max_model_len, ...);
+        with engine_args too, they override its values."""
+        super().__init__(engine_args_from(EngineArgs, model, engine_args, kwargs, "LLM"))
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer

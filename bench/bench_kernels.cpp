@@ -1,7 +1,10 @@
 // bench: CPU kernel figures (µs, GFLOP/s, GB/s) for the shapes the model runs: linear at decode
 // and prefill sizes incl. the lm_head, and paged attention decode / prefill. Warm caches.
-//   bench_kernels [--threads N] [--isa avx512|avx2|scalar] [--min-ms T]
+//   bench_kernels [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] [--short]
 // Figures are best-of-N wall time; weights of the small shapes stay cache-resident.
+// --short (CI): a few seconds, a subset of shapes, each kernel's output checked against the
+// double-precision reference (cpu::ref) within its arithmetic's error bound; exits 1 on a miss,
+// never on a time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,6 +33,7 @@
 #include "backend/backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/qkernels.h"
 #include "cpu/thread_pool.h"
 #include "model/quant_formats.h"
 
@@ -76,8 +80,74 @@ std::vector<float> randn(size_t n, uint32_t seed) {
   return v;
 }
 
+// --short: the probes' peaks, so each figure can be printed as a share of its roofline.
+bool g_short = false;
+double g_peak_gflops = 0;  // the widest f32 FMA probe
+double g_read_gbs = 0;     // the largest read-bandwidth probe
+
 void report(const char* what, double us, double flops, double bytes) {
-  std::printf("%-44s %10.1f us %9.1f GFLOP/s %8.1f GB/s\n", what, us, flops / us * 1e-3, bytes / us * 1e-3);
+  std::printf("%-44s %10.1f us %9.1f GFLOP/s %8.1f GB/s", what, us, flops / us * 1e-3, bytes / us * 1e-3);
+  if (g_short && g_peak_gflops > 0 && g_read_gbs > 0)
+    std::printf("  (%3.0f%% of f32 FMA, %3.0f%% of read BW)", 100.0 * flops / us * 1e-3 / g_peak_gflops,
+                100.0 * bytes / us * 1e-3 / g_read_gbs);
+  std::printf("\n");
+}
+
+// ---- --short: results against the reference ----------------------------------------------------
+// Worst-case relative error of a sum of n floating-point terms in any order (Higham's gamma_n,
+// unit roundoff 2^-24): the bound every f32 accumulation below is held to.
+double gamma_f32(double n) {
+  const double u = std::ldexp(1.0, -24);
+  return n * u / (1 - n * u);
+}
+
+int g_checks = 0, g_failed = 0;
+
+// |got - want| <= bound elementwise; prints the worst error / bound so a kernel drifting toward
+// its bound shows before it crosses it.
+void check(const char* what, const float* got, const float* want, const std::vector<double>& bound) {
+  double worst = 0;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < bound.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(err <= bound[i])) {  // NaN fails too
+      if (bad++ == 0) first = i;
+    }
+    if (bound[i] > 0) worst = std::max(worst, err / bound[i]);
+  }
+  ++g_checks;
+  if (bad) {
+    ++g_failed;
+    std::printf("    FAIL %s: %zu of %zu outputs out of bound (first at %zu: got %.9g want %.9g bound %.3g)\n", what, bad,
+                bound.size(), first, got[first], want[first], bound[first]);
+  } else {
+    std::printf("    ok   %s: worst error %.2g of its bound\n", what, worst);
+  }
+}
+
+// sum_k |x[r, k]| * |w[j, k]| for every output: the cancellation-free magnitude the f32 error
+// bounds scale with.
+std::vector<double> magnitude(const float* x, const float* w, int64_t m, int64_t n, int64_t k) {
+  std::vector<double> mag(m * n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t i = 0; i < k; ++i) s += std::fabs(static_cast<double>(x[r * k + i]) * w[j * k + i]);
+      mag[r * n + j] = s;
+    }
+  return mag;
+}
+
+// A dense linear's y against ref::linear: f32 products of exact operands (bf16/f16 weights widen
+// exactly), k + 1 roundings (the sum and the bias-free store).
+void check_linear(const char* what, const float* y, const float* x, const void* w, DType wt, int64_t m, int64_t n, int64_t k, double extra_rel = 0, double terms = 0) {
+  std::vector<float> want(m * n);
+  cpu::ref::linear(x, w, wt, nullptr, want.data(), m, n, k);
+  std::vector<float> wv(n * k);
+  convert_to_f32(w, wt, wv.data(), wv.size());  // the values the kernel multiplies
+  std::vector<double> bound = magnitude(x, wv.data(), m, n, k);
+  for (auto& b : bound) b *= gamma_f32(terms > 0 ? terms : k + 1.0) + extra_rel;
+  check(what, y, want.data(), bound);
 }
 
 void bench_linear(Backend& b, int64_t m, int64_t n, int64_t k, DType wt) {
@@ -96,6 +166,7 @@ void bench_linear(Backend& b, int64_t m, int64_t n, int64_t k, DType wt) {
                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   const double bytes = static_cast<double>(n) * k * dtype_size(wt) + 4.0 * (m * k + m * n);
   report(name, us, 2.0 * m * n * k, bytes);
+  if (g_short) check_linear(name, y.data(), x.data(), w, wt, m, n, k);
 }
 
 // ---- quantized weights ---------------------------------------------------------------------------
@@ -110,8 +181,8 @@ struct QWeight {
   QuantMatrix w;
   size_t bytes = 0;
   QWeight() = default;
+  model::QuantTensor t;  // the canonical form, kept under --short for the reference
   QWeight(Backend& be, const QFormat& f, int64_t rows, int64_t cols, uint32_t seed) : b(&be) {
-    model::QuantTensor t;
     t.bits = f.bits;
     t.group = f.group ? f.group : static_cast<int32_t>(cols);
     t.rows = rows;
@@ -126,10 +197,11 @@ struct QWeight {
     bytes = be.quant_packed_bytes(t.view());
     mem = be.alloc(bytes);
     w = be.pack_quant(t.view(), mem);
+    if (!g_short) t = model::QuantTensor();  // a full qstep holds 30 layers of these
   }
-  QWeight(QWeight&& o) noexcept : mem(o.mem), b(o.b), w(o.w), bytes(o.bytes) { o.mem = nullptr; }
+  QWeight(QWeight&& o) noexcept : mem(o.mem), b(o.b), w(o.w), bytes(o.bytes), t(std::move(o.t)) { o.mem = nullptr; }
   QWeight& operator=(QWeight&& o) noexcept {
-    std::swap(mem, o.mem); std::swap(b, o.b); std::swap(w, o.w); std::swap(bytes, o.bytes);
+    std::swap(t, o.t); std::swap(mem, o.mem); std::swap(b, o.b); std::swap(w, o.w); std::swap(bytes, o.bytes);
     return *this;
   }
   ~QWeight() { if (mem) b->free(mem); }
@@ -144,6 +216,31 @@ void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t 
   std::snprintf(name, sizeof(name), "linear_q %-5s m=%-4lld n=%-6lld k=%lld", f.name,
                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   report(name, us, 2.0 * m * n * k, static_cast<double>(w.bytes) + 4.0 * (m * k + m * n));
+  if (!g_short) return;
+  // Against the exact activations (double, ref::linear_q): the kernel may quantize x per block of
+  // xq_block columns to int8 (scale max|x| / 127, so each value moves by at most max|x| / 254, and
+  // 1% more for the scale's own rounding), which moves an output by that times the block's sum
+  // |w|; the rest is f32 accumulation.
+  std::vector<float> want(m * n), wd(n * k);
+  cpu::ref::linear_q(x.data(), w.t.view(), nullptr, want.data(), m, n);
+  cpu::ref::dequantize(w.t.view(), wd.data());
+  const std::vector<double> mag = magnitude(x.data(), wd.data(), m, n, k);
+  const int64_t blk = cpu::xq_block(w.w);
+  std::vector<double> bound(m * n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double q = 0;
+      for (int64_t c0 = 0; c0 < k; c0 += blk) {
+        double amax = 0, wsum = 0;
+        for (int64_t c = c0; c < std::min(k, c0 + blk); ++c) {
+          amax = std::max(amax, std::fabs(static_cast<double>(x[r * k + c])));
+          wsum += std::fabs(static_cast<double>(wd[j * k + c]));
+        }
+        q += amax / 254 * wsum;
+      }
+      bound[r * n + j] = 1.01 * q + gamma_f32(static_cast<double>(k) + 2) * mag[r * n + j];
+    }
+  check(name, y.data(), want.data(), bound);
 }
 
 // SmolLM2-135M's decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the
@@ -179,6 +276,70 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
 }
 
 double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX2
+
+// Attention over the first pool against ref::attention over the same cache (so int8 and bf16
+// values are the same on both sides). Per output (query row, head, d): scores carry f32 dot
+// product error gamma(hd + 1) * scale * sum |q k|, exp a few ulps (2^-20 leaves room for the
+// kernels' polynomial), so each softmax weight is off by at most a factor (1 +- E),
+// E = 2 * (max score error + 2^-20) + gamma(ctx + 2), and the output by E * sum_t p_t |v_t|
+// plus gamma(ctx + 2) of the same sum for the weighted accumulation.
+void check_attention(const char* what, Backend& b, const float* q, int64_t q_stride, const void* kc, const void* vc,
+                     const KVLayout& L, const AttentionParams& p, int nqh, float scale) {
+  const int hd = L.head_dim, group = nqh / L.num_kv_heads;
+  std::vector<float> got(static_cast<size_t>(p.num_tokens) * nqh * hd), want(got.size());
+  b.attention(q, q_stride, kc, vc, L, p, nqh, scale, got.data());
+  cpu::ref::attention(q, q_stride, kc, vc, L, p, nqh, scale, want.data());
+  // The cache's values as doubles, to build the bound (int8: value times its (slot, head) scale).
+  const int64_t elems = static_cast<int64_t>(L.num_blocks) * L.num_kv_heads * L.block_size * hd;
+  std::vector<float> kf(elems), vf(elems);
+  auto widen = [&](const void* cache, std::vector<float>& out) {
+    if (L.dtype == DType::kI8) {
+      const auto* v = static_cast<const int8_t*>(cache);
+      const auto* sc = reinterpret_cast<const float*>(static_cast<const uint8_t*>(cache) + L.scales_offset());
+      for (int64_t i = 0; i < elems; ++i) out[i] = v[i] * sc[i / hd];
+    } else {
+      convert_to_f32(cache, L.dtype, out.data(), elems);
+    }
+  };
+  widen(kc, kf);
+  widen(vc, vf);
+  std::vector<double> bound(got.size());
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q0 = p.cu_seqlens_q[s], qlen = p.cu_seqlens_q[s + 1] - q0, ctx = p.context_lens[s];
+    const int32_t* bt = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
+    for (int j = 0; j < qlen; ++j) {
+      const int pos = ctx - qlen + j;
+      for (int h = 0; h < nqh; ++h) {
+        const float* qv = q + static_cast<int64_t>(q0 + j) * q_stride + h * hd;
+        auto row = [&](int t) {
+          return ((static_cast<int64_t>(bt[t / L.block_size]) * L.num_kv_heads + h / group) * L.block_size +
+                  t % L.block_size) * hd;
+        };
+        std::vector<double> sc(pos + 1);
+        double mx = -1e300, serr = 0;
+        for (int t = 0; t <= pos; ++t) {
+          double d0 = 0, a = 0;
+          for (int d = 0; d < hd; ++d) {
+            d0 += static_cast<double>(qv[d]) * kf[row(t) + d];
+            a += std::fabs(static_cast<double>(qv[d]) * kf[row(t) + d]);
+          }
+          sc[t] = d0 * scale;
+          mx = std::max(mx, sc[t]);
+          serr = std::max(serr, gamma_f32(hd + 1.0) * scale * a);
+        }
+        double sum = 0;
+        for (int t = 0; t <= pos; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
+        const double E = 2 * (serr + std::ldexp(1.0, -20)) + gamma_f32(pos + 3.0);
+        for (int d = 0; d < hd; ++d) {
+          double a = 0;
+          for (int t = 0; t <= pos; ++t) a += sc[t] / sum * std::fabs(static_cast<double>(vf[row(t) + d]));
+          bound[(static_cast<int64_t>(q0 + j) * nqh + h) * hd + d] = (E + gamma_f32(pos + 3.0)) * a;
+        }
+      }
+    }
+  }
+  check(what, got.data(), want.data(), bound);
+}
 
 // num_seqs sequences, each with context ctx of which q_len are new queries this step, SmolLM2's
 // heads (9 query / 3 KV of 64). The cache is filled through store_kv (int8 gets its scales).
@@ -240,7 +401,9 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
   std::printf("%-52s %10.1f us %9.1f GFLOP/s %8.1f GB/s", name, us, 4.0 * hd * nqh * keys / us * 1e-3,
               bytes / us * 1e-3);
   if (dram_gbs > 0) std::printf("  %5.0f%% of DRAM read", 100.0 * bytes / us * 1e-3 / dram_gbs);
+  if (g_short && g_read_gbs > 0) std::printf("  (%3.0f%% of read BW)", 100.0 * bytes / us * 1e-3 / g_read_gbs);
   std::printf("\n");
+  if (g_short) check_attention(name, b, q.data(), q_stride, kc[0].data(), vc[0].data(), L, p, nqh, 0.125f);
 }
 
 // Decode attention over the KV pool at the two shapes that matter (batch 64 x ctx ~600, batch 1 x
@@ -372,7 +535,15 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
               weight_bytes / med * 1e-3, flops / med * 1e-3);
   std::printf("    per step, median-ish (mean over reps):");
   for (int o = 0; o < kOps; ++o) std::printf(" %s %.0f", names[o], op_us[o] / reps);
-  std::printf(" us\n");
+  std::printf(" us\n");  if (g_short) {
+    // Every op of the step is checked against the reference on its own above; here only that the
+    // chained ops produce numbers (a NaN or Inf would spread through every logit).
+    size_t bad = 0;
+    for (float v : logits) bad += !std::isfinite(v);
+    ++g_checks;
+    if (bad) ++g_failed;
+    std::printf("    %s step %s: %zu of %zu logits not finite\n", bad ? "FAIL" : "ok  ", sh.label, bad, logits.size());
+  }
 }
 
 // ---- machine probes ----------------------------------------------------------------------------
@@ -643,6 +814,11 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   const int parts = g_bf16_matmuls ? 1 : 2;
   if (peak > 0) std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (%d product%s per MAC)\n", "",
                             100.0 * parts * flops / us * 1e-3 / peak, peak, parts, parts > 1 ? "s" : "");
+  // x enters the tiles as bf16 hi + lo (each rounding loses at most 2^-9 of what it rounds, so
+  // x - hi - lo is within 2^-18 |x|), or hi alone under bf16 matmuls (2^-9); 2k products per sum.
+  if (g_short)
+    check_linear(name, y.data(), x.data(), wh.data(), DType::kBF16, m, n, k,
+                 g_bf16_matmuls ? std::ldexp(1.0, -9) : std::ldexp(1.0, -18), 2.0 * k + 2);
 }
 
 // Decode's weight stream on AMX: one row through a model's worth of packed bf16 matrices (30
@@ -693,6 +869,7 @@ void read_bandwidth_probes(int T, cpu::Isa isa) {
     char name[64];
     std::snprintf(name, sizeof(name), "read bandwidth %zu MB", mb);
     std::printf("probe %-38s %10.1f GB/s\n", name, n * 4.0 / s * 1e-9);
+    g_read_gbs = n * 4.0 / s * 1e-9;  // the last, largest array: the DRAM figure
     std::free(p);
   }
   (void)sink;
@@ -705,6 +882,7 @@ void probes_avx2(int T) {
   const long iters = 4000000;
   double s = par_best(T, 5, [&](int) { sink = fma_chain_ymm(iters); });
   std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (ymm)", T * iters * 12.0 * 16 / s * 1e-9, T);
+  g_peak_gflops = T * iters * 12.0 * 16 / s * 1e-9;
   s = par_best(T, 5, [&](int) { isink = maddubs_chain_ymm<12>(iters); });
   std::printf("probe %-38s %10.1f GOP/s\n", "peak vpmaddubsw+vpmaddwd u8*s8 (ymm)", T * iters * 12.0 * 64 / s * 1e-9);
   read_bandwidth_probes(T, cpu::Isa::kAvx2);
@@ -719,6 +897,7 @@ void probes(int T, cpu::Isa isa) {
   const long iters = 4000000;
   double s = par_best(T, 5, [&](int) { sink = fma_chain(iters); });
   std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (zmm)", T * iters * 12.0 * 32 / s * 1e-9, T);
+  g_peak_gflops = T * iters * 12.0 * 32 / s * 1e-9;
   if (has_avx512bf16()) {
     s = par_best(T, 5, [&](int) { sink = dpbf16_chain<12>(iters); });
     std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm)", T * iters * 12.0 * 64 / s * 1e-9);
@@ -771,22 +950,65 @@ void bench_amx_decode(Backend&, int64_t) {}
 double dram_bandwidth_gbs(int) { return 0; }
 #endif
 
+// --short: one or two shapes per section, every output checked; the exit status counts misses
+// only (a slow figure is never a failure).
+template <class Want>
+int run_short(Backend& b, const Want& want) {
+  if (want("linear")) {
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      for (int64_t m : {1, 16}) {
+        bench_linear(b, m, 1536, 576, wt);
+        if (wt == DType::kBF16) bench_linear_amx(b, m, 1536, 576);
+      }
+      bench_linear(b, 3, 576, 1536, wt);
+    }
+    bench_linear_amx(b, 64, 960, 576);
+  }
+  if (want("qlinear")) {
+    for (const QFormat& f : kQFormats) {
+      for (int64_t m : {1, 16}) bench_linear_q(b, f, m, 1536, 576);
+      bench_linear_q(b, f, 3, 576, 1536);
+    }
+  }
+  if (want("qstep")) bench_qstep(b, kQFormats[0], 2);
+  if (want("attention")) {
+    for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) bench_attention(b, "decode ", 16, 1, 512, kv);
+    for (DType kv : {DType::kF32, DType::kBF16}) {
+      bench_attention(b, "prefill", 1, 256, 256, kv);
+      bench_attention(b, "chunk  ", 2, 64, 320, kv);
+    }
+  }
+  if (want("step")) {
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      bench_step(b, wt, {1, 1, 256, "decode"}, 2);
+      bench_step(b, wt, {1, 128, 128, "prefill"}, 2);
+    }
+  }
+  std::printf("short: %d checks against the reference, %d failed\n", g_checks, g_failed);
+  return g_failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
   cpu::Isa isa = cpu::active_isa();
   std::string only, precision = "float32";
+  bool min_ms_given = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
       if (!cpu::parse_isa(argv[++i], &isa)) { std::fprintf(stderr, "unknown isa %s\n", argv[i]); return 2; }
-    } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) g_min_ms = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) {
+      g_min_ms = std::atof(argv[++i]);
+      min_ms_given = true;
+    }
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
+    else if (!std::strcmp(argv[i], "--short")) g_short = true;
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
+      std::fprintf(stderr, "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
                            "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time] "
                            "[--matmul-precision float32|bfloat16]\n", argv[0]);
       return 2;
@@ -797,6 +1019,7 @@ int main(int argc, char** argv) {
   std::printf("cpu backend: isa=%s (detected %s) threads=%d matmuls=%s\n", cpu::isa_name(isa),
               cpu::isa_name(cpu::detected_isa()), b->num_threads(), g_bf16_matmuls ? "bfloat16" : "float32");
   auto want = [&](const char* what) { return only.empty() || only == what; };
+  if (g_short && min_ms_given == false) g_min_ms = 20;
   if (want("probe")) {
     probes(b->num_threads(), isa);
     // One parallel_for of one empty task per thread: the fixed cost every parallel op pays.
@@ -821,6 +1044,7 @@ int main(int argc, char** argv) {
     std::printf("probe %-38s %10.2f us (one task alone %.2f us)\n", "pool op, 1 task/thread, mean",
                 (now_us() - t0) / 2000, one);
   }
+  if (g_short) return run_short(*b, want);
   if (want("linear")) {
     for (DType wt : {DType::kBF16, DType::kF32}) {
       for (int64_t m : {1, 16, 64, 256}) {

@@ -9,20 +9,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <random>
 #include <string>
-#include <vector>
-#include <cstdlib>
-#include <ctime>
 #include <thread>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <immintrin.h>
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 flags the reduce intrinsics' own _mm512_undefined_* placeholders (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -55,7 +55,8 @@ double now_us() {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
   }
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 double time_us(const std::function<void()>& fn) {
@@ -66,7 +67,8 @@ double time_us(const std::function<void()>& fn) {
     const double a = now_us();
     fn();
     t.push_back(now_us() - a);
-  } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < g_min_ms ||
+  } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
+               g_min_ms ||
            t.size() < 5);
   std::sort(t.begin(), t.end());
   return t.front();
@@ -118,8 +120,9 @@ void check(const char* what, const float* got, const float* want, const std::vec
   ++g_checks;
   if (bad) {
     ++g_failed;
-    std::printf("    FAIL %s: %zu of %zu outputs out of bound (first at %zu: got %.9g want %.9g bound %.3g)\n", what, bad,
-                bound.size(), first, got[first], want[first], bound[first]);
+    std::printf(
+        "    FAIL %s: %zu of %zu outputs out of bound (first at %zu: got %.9g want %.9g bound %.3g)\n", what,
+        bad, bound.size(), first, got[first], want[first], bound[first]);
   } else {
     std::printf("    ok   %s: worst error %.2g of its bound\n", what, worst);
   }
@@ -140,7 +143,8 @@ std::vector<double> magnitude(const float* x, const float* w, int64_t m, int64_t
 
 // A dense linear's y against ref::linear: f32 products of exact operands (bf16/f16 weights widen
 // exactly), k + 1 roundings (the sum and the bias-free store).
-void check_linear(const char* what, const float* y, const float* x, const void* w, DType wt, int64_t m, int64_t n, int64_t k, double extra_rel = 0, double terms = 0) {
+void check_linear(const char* what, const float* y, const float* x, const void* w, DType wt, int64_t m,
+                  int64_t n, int64_t k, double extra_rel = 0, double terms = 0) {
   std::vector<float> want(m * n);
   cpu::ref::linear(x, w, wt, nullptr, want.data(), m, n, k);
   std::vector<float> wv(n * k);
@@ -171,9 +175,14 @@ void bench_linear(Backend& b, int64_t m, int64_t n, int64_t k, DType wt) {
 
 // ---- quantized weights ---------------------------------------------------------------------------
 // A random matrix in one of the formats the loaders produce, packed by the backend.
-struct QFormat { const char* name; int bits, group, zero_point; bool min; };
-const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},  {"q4_0", 4, 32, 8, false}, {"q8_0", 8, 32, 128, false},
-                             {"q4_k", 4, 32, 0, true},  {"q6_k", 8, 16, 32, false}, {"int8", 8, 0, 128, false}};
+struct QFormat {
+  const char* name;
+  int bits, group, zero_point;
+  bool min;
+};
+const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},    {"q4_0", 4, 32, 8, false},
+                             {"q8_0", 8, 32, 128, false}, {"q4_k", 4, 32, 0, true},
+                             {"q6_k", 8, 16, 32, false},  {"int8", 8, 0, 128, false}};
 
 struct QWeight {
   void* mem = nullptr;
@@ -199,12 +208,20 @@ struct QWeight {
     w = be.pack_quant(t.view(), mem);
     if (!g_short) t = model::QuantTensor();  // a full qstep holds 30 layers of these
   }
-  QWeight(QWeight&& o) noexcept : mem(o.mem), b(o.b), w(o.w), bytes(o.bytes), t(std::move(o.t)) { o.mem = nullptr; }
+  QWeight(QWeight&& o) noexcept : mem(o.mem), b(o.b), w(o.w), bytes(o.bytes), t(std::move(o.t)) {
+    o.mem = nullptr;
+  }
   QWeight& operator=(QWeight&& o) noexcept {
-    std::swap(t, o.t); std::swap(mem, o.mem); std::swap(b, o.b); std::swap(w, o.w); std::swap(bytes, o.bytes);
+    std::swap(t, o.t);
+    std::swap(mem, o.mem);
+    std::swap(b, o.b);
+    std::swap(w, o.w);
+    std::swap(bytes, o.bytes);
     return *this;
   }
-  ~QWeight() { if (mem) b->free(mem); }
+  ~QWeight() {
+    if (mem) b->free(mem);
+  }
 };
 
 void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t k) {
@@ -249,12 +266,14 @@ void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t 
 void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
   const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
   const int64_t qkv_dim = (nh + 2 * nkv) * hd;
-  struct Layer { QWeight qkv, o, gu, down; };
+  struct Layer {
+    QWeight qkv, o, gu, down;
+  };
   std::vector<Layer> Ls(layers);
   size_t bytes = 0;
   for (int l = 0; l < layers; ++l) {
-    Ls[l] = {QWeight(b, f, qkv_dim, H, 10 + l), QWeight(b, f, H, nh * hd, 100 + l), QWeight(b, f, 2 * I, H, 200 + l),
-             QWeight(b, f, H, I, 300 + l)};
+    Ls[l] = {QWeight(b, f, qkv_dim, H, 10 + l), QWeight(b, f, H, nh * hd, 100 + l),
+             QWeight(b, f, 2 * I, H, 200 + l), QWeight(b, f, H, I, 300 + l)};
     bytes += Ls[l].qkv.bytes + Ls[l].o.bytes + Ls[l].gu.bytes + Ls[l].down.bytes;
   }
   QWeight lm(b, kQFormats[2], V, H, 7);
@@ -271,8 +290,9 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
     b.linear_q(x.data(), lm.w, nullptr, logits.data(), 1, V);
   };
   const double us = time_us(run);
-  std::printf("qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)\n",
-              f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
+  std::printf(
+      "qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)\n",
+      f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
 }
 
 double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX2
@@ -283,8 +303,8 @@ double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 
 // kernels' polynomial), so each softmax weight is off by at most a factor (1 +- E),
 // E = 2 * (max score error + 2^-20) + gamma(ctx + 2), and the output by E * sum_t p_t |v_t|
 // plus gamma(ctx + 2) of the same sum for the weighted accumulation.
-void check_attention(const char* what, Backend& b, const float* q, int64_t q_stride, const void* kc, const void* vc,
-                     const KVLayout& L, const AttentionParams& p, int nqh, float scale) {
+void check_attention(const char* what, Backend& b, const float* q, int64_t q_stride, const void* kc,
+                     const void* vc, const KVLayout& L, const AttentionParams& p, int nqh, float scale) {
   const int hd = L.head_dim, group = nqh / L.num_kv_heads;
   std::vector<float> got(static_cast<size_t>(p.num_tokens) * nqh * hd), want(got.size());
   b.attention(q, q_stride, kc, vc, L, p, nqh, scale, got.data());
@@ -313,7 +333,8 @@ void check_attention(const char* what, Backend& b, const float* q, int64_t q_str
         const float* qv = q + static_cast<int64_t>(q0 + j) * q_stride + h * hd;
         auto row = [&](int t) {
           return ((static_cast<int64_t>(bt[t / L.block_size]) * L.num_kv_heads + h / group) * L.block_size +
-                  t % L.block_size) * hd;
+                  t % L.block_size) *
+                 hd;
         };
         std::vector<double> sc(pos + 1);
         double mx = -1e300, serr = 0;
@@ -401,7 +422,8 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
   std::printf("%-52s %10.1f us %9.1f GFLOP/s %8.1f GB/s", name, us, 4.0 * hd * nqh * keys / us * 1e-3,
               bytes / us * 1e-3);
   if (dram_gbs > 0) std::printf("  %5.0f%% of DRAM read", 100.0 * bytes / us * 1e-3 / dram_gbs);
-  if (g_short && g_read_gbs > 0) std::printf("  (%3.0f%% of read BW)", 100.0 * bytes / us * 1e-3 / g_read_gbs);
+  if (g_short && g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW)", 100.0 * bytes / us * 1e-3 / g_read_gbs);
   std::printf("\n");
   if (g_short) check_attention(name, b, q.data(), q_stride, kc[0].data(), vc[0].data(), L, p, nqh, 0.125f);
 }
@@ -411,7 +433,9 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
 void bench_attention_dtypes(Backend& b) {
   const double dram = dram_bandwidth_gbs(b.num_threads());
   if (dram > 0) std::printf("probe %-38s %10.1f GB/s\n", "DRAM read bandwidth (512 MB)", dram);
-  struct Shape { int seqs, ctx; };
+  struct Shape {
+    int seqs, ctx;
+  };
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8})  // cache resident (<= 1.5 MB): compute
     bench_attention(b, "decode ", 8, 1, 128, kv, 1, 0);
   for (Shape sh : {Shape{64, 600}, Shape{1, 4096}}) {
@@ -428,7 +452,10 @@ void bench_attention_dtypes(Backend& b) {
 // vocab 49152) written in backend ops exactly as model/transformer.cpp issues them, on random
 // weights: num_seqs sequences with q_len new tokens each at context ctx (decode: q_len 1; prefill:
 // one sequence of q_len == ctx). Prints the step's wall time, tokens/s, and the time per op kind.
-struct StepShape { int num_seqs, q_len, ctx; const char* label; };
+struct StepShape {
+  int num_seqs, q_len, ctx;
+  const char* label;
+};
 
 void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
@@ -443,7 +470,9 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
     convert_from_f32(f.data(), w.data(), wt, f.size());
     return w;
   };
-  struct Layer { std::vector<uint8_t> qkv, o, gu, down; };
+  struct Layer {
+    std::vector<uint8_t> qkv, o, gu, down;
+  };
   std::vector<Layer> Ls(layers);
   for (int l = 0; l < layers; ++l)
     Ls[l] = {mk(qkv_dim, H, 10 + l), mk(H, nh * hd, 100 + l), mk(2 * I, H, 200 + l), mk(H, I, 300 + l)};
@@ -457,7 +486,10 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   L.dtype = DType::kF32;
   const size_t cache_elems = static_cast<size_t>(L.num_blocks) * nkv * bs * hd;
   std::vector<std::vector<float>> kc(layers), vc(layers);
-  for (int l = 0; l < layers; ++l) { kc[l] = randn(cache_elems, 400 + l); vc[l] = randn(cache_elems, 500 + l); }
+  for (int l = 0; l < layers; ++l) {
+    kc[l] = randn(cache_elems, 400 + l);
+    vc[l] = randn(cache_elems, 500 + l);
+  }
   std::vector<int32_t> tables(L.num_blocks), ctxs(sh.num_seqs, sh.ctx), cu(sh.num_seqs + 1), pos(n);
   std::vector<int64_t> slots(n);
   for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
@@ -488,8 +520,8 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   std::vector<float> normed(n * H), qkv(n * qkv_dim), attn(n * nh * hd), proj(n * H), gu(n * 2 * I),
       act(n * I), logits(static_cast<size_t>(sh.num_seqs) * V), last(sh.num_seqs * H);
   enum { kQkv, kRope, kStore, kAttn, kO, kNorm, kGu, kSilu, kDown, kLm, kOps };
-  const char* names[kOps] = {"qkv", "rope", "store_kv", "attention", "o", "add_rms_norm", "gate_up",
-                             "silu_mul", "down", "lm_head"};
+  const char* names[kOps] = {"qkv",          "rope",    "store_kv", "attention", "o",
+                             "add_rms_norm", "gate_up", "silu_mul", "down",      "lm_head"};
   double op_us[kOps] = {};
   using clk = std::chrono::steady_clock;
   auto run = [&](bool timed) {
@@ -502,20 +534,31 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
     };
     for (int l = 0; l < layers; ++l) {
       const Layer& w = Ls[l];
-      b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H); tick(kQkv);
-      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, cs.data()); tick(kRope);
-      b.store_kv(qkv.data() + nh * hd, qkv.data() + (nh + nkv) * hd, qkv_dim, slots.data(), n,
-                 kc[l].data(), vc[l].data(), L); tick(kStore);
-      b.attention(qkv.data(), qkv_dim, kc[l].data(), vc[l].data(), L, p, nh, 0.125f, attn.data()); tick(kAttn);
-      b.linear(attn.data(), w.o.data(), wt, nullptr, proj.data(), n, H, nh * hd); tick(kO);
-      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f); tick(kNorm);
-      b.linear(normed.data(), w.gu.data(), wt, nullptr, gu.data(), n, 2 * I, H); tick(kGu);
-      b.silu_mul(gu.data(), act.data(), n, I); tick(kSilu);
-      b.linear(act.data(), w.down.data(), wt, nullptr, proj.data(), n, H, I); tick(kDown);
-      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f); tick(kNorm);
+      b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H);
+      tick(kQkv);
+      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, cs.data());
+      tick(kRope);
+      b.store_kv(qkv.data() + nh * hd, qkv.data() + (nh + nkv) * hd, qkv_dim, slots.data(), n, kc[l].data(),
+                 vc[l].data(), L);
+      tick(kStore);
+      b.attention(qkv.data(), qkv_dim, kc[l].data(), vc[l].data(), L, p, nh, 0.125f, attn.data());
+      tick(kAttn);
+      b.linear(attn.data(), w.o.data(), wt, nullptr, proj.data(), n, H, nh * hd);
+      tick(kO);
+      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f);
+      tick(kNorm);
+      b.linear(normed.data(), w.gu.data(), wt, nullptr, gu.data(), n, 2 * I, H);
+      tick(kGu);
+      b.silu_mul(gu.data(), act.data(), n, I);
+      tick(kSilu);
+      b.linear(act.data(), w.down.data(), wt, nullptr, proj.data(), n, H, I);
+      tick(kDown);
+      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f);
+      tick(kNorm);
     }
     // The last row of each sequence samples.
-    b.linear(normed.data(), lm.data(), wt, nullptr, logits.data(), sh.num_seqs, V, H); tick(kLm);
+    b.linear(normed.data(), lm.data(), wt, nullptr, logits.data(), sh.num_seqs, V, H);
+    tick(kLm);
   };
   run(false);
   for (auto& x : res) x *= 1e-3f;  // keep the residual stream bounded across repetitions
@@ -528,21 +571,29 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   }
   std::sort(walls.begin(), walls.end());
   const double med = walls[walls.size() / 2];
-  double weight_bytes = (static_cast<double>(layers) * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) + V * H) * es;
-  double flops = 2.0 * n * layers * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) + 2.0 * sh.num_seqs * V * H;
-  std::printf("step %-8s %-5s seqs=%-3d q=%-4d ctx=%-4d %9.0f us  %8.1f tok/s  %6.1f GB/s weights  %6.1f GFLOP/s linear\n",
-              sh.label, dtype_name(wt), sh.num_seqs, sh.q_len, sh.ctx, med, n / med * 1e6,
-              weight_bytes / med * 1e-3, flops / med * 1e-3);
+  double weight_bytes = (static_cast<double>(layers) * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) +
+                         V * H) *
+                        es;
+  double flops = 2.0 * n * layers * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) +
+                 2.0 * sh.num_seqs * V * H;
+  std::printf(
+      "step %-8s %-5s seqs=%-3d q=%-4d ctx=%-4d %9.0f us  %8.1f tok/s  %6.1f GB/s weights  %6.1f GFLOP/s "
+      "linear\n",
+      sh.label, dtype_name(wt), sh.num_seqs, sh.q_len, sh.ctx, med, n / med * 1e6, weight_bytes / med * 1e-3,
+      flops / med * 1e-3);
   std::printf("    per step, median-ish (mean over reps):");
   for (int o = 0; o < kOps; ++o) std::printf(" %s %.0f", names[o], op_us[o] / reps);
-  std::printf(" us\n");  if (g_short) {
-    // Every op of the step is checked against the reference on its own above; here only that the
-    // chained ops produce numbers (a NaN or Inf would spread through every logit).
+  std::printf(" us\n");
+  if (g_short) {
+    // The step's linears and attention are checked against the reference on their own above;
+    // here only that the chained ops (norms, RoPE, SiLU included) produce numbers: a NaN or an
+    // Inf anywhere spreads through every logit.
     size_t bad = 0;
     for (float v : logits) bad += !std::isfinite(v);
     ++g_checks;
     if (bad) ++g_failed;
-    std::printf("    %s step %s: %zu of %zu logits not finite\n", bad ? "FAIL" : "ok  ", sh.label, bad, logits.size());
+    std::printf("    %s step %s: %zu of %zu logits not finite\n", bad ? "FAIL" : "ok  ", sh.label, bad,
+                logits.size());
   }
 }
 
@@ -618,17 +669,39 @@ bool amx_usable() {
 // Returns seconds for `iters` rounds of 4 tile ops (bf16: 16x16x32 MACs each; int8: 16x16x64).
 FT_PROBE_AMX __attribute__((noinline)) double amx_chain(long iters, bool int8) {
   AmxConfig cfg;
-  for (int i = 0; i < 8; ++i) { cfg.colsb[i] = 64; cfg.rows[i] = 16; }
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = 16;
+  }
   _tile_loadconfig(&cfg);
   alignas(64) static uint16_t a[16 * 32], b[16 * 32];
-  for (int i = 0; i < 16 * 32; ++i) { a[i] = 0x3f80; b[i] = 0x3a80; }
-  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  _tile_loadd(4, a, 64); _tile_loadd(5, b, 64); _tile_loadd(6, a, 64); _tile_loadd(7, b, 64);
+  for (int i = 0; i < 16 * 32; ++i) {
+    a[i] = 0x3f80;
+    b[i] = 0x3a80;
+  }
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, b, 64);
+  _tile_loadd(6, a, 64);
+  _tile_loadd(7, b, 64);
   const auto t0 = std::chrono::steady_clock::now();
   if (int8) {
-    for (long i = 0; i < iters; ++i) { _tile_dpbusd(0, 4, 5); _tile_dpbusd(1, 4, 7); _tile_dpbusd(2, 6, 5); _tile_dpbusd(3, 6, 7); }
+    for (long i = 0; i < iters; ++i) {
+      _tile_dpbusd(0, 4, 5);
+      _tile_dpbusd(1, 4, 7);
+      _tile_dpbusd(2, 6, 5);
+      _tile_dpbusd(3, 6, 7);
+    }
   } else {
-    for (long i = 0; i < iters; ++i) { _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 6, 5); _tile_dpbf16ps(3, 6, 7); }
+    for (long i = 0; i < iters; ++i) {
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 6, 5);
+      _tile_dpbf16ps(3, 6, 7);
+    }
   }
   alignas(64) static thread_local float out[16 * 16];
   _tile_stored(0, out, 64);
@@ -655,10 +728,12 @@ FT_PROBE_AMX_FOLD inline __attribute__((always_inline)) void fold_tile(const int
   }
 }
 
-FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
-                                                                                             bool with_min) {
+FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters, bool with_min) {
   AmxConfig cfg;
-  for (int t = 0; t < 2; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+  for (int t = 0; t < 2; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
   cfg.colsb[4] = 32, cfg.rows[4] = 16;  // A: 16 rows x 32 int8
   cfg.colsb[6] = 64, cfg.rows[6] = 8;   // B: 8 rows x (16 columns x 4)
   _tile_loadconfig(&cfg);
@@ -666,8 +741,14 @@ FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
   alignas(64) static thread_local uint8_t b[2][8 * 64];
   alignas(64) static thread_local int32_t c[2][16 * 16];
   alignas(64) static thread_local float rs[32];
-  for (int i = 0; i < 16 * 32; ++i) { a[0][i] = static_cast<int8_t>(i); a[1][i] = static_cast<int8_t>(3 * i); }
-  for (int i = 0; i < 8 * 64; ++i) { b[0][i] = static_cast<uint8_t>(i & 15); b[1][i] = static_cast<uint8_t>((5 * i) & 15); }
+  for (int i = 0; i < 16 * 32; ++i) {
+    a[0][i] = static_cast<int8_t>(i);
+    a[1][i] = static_cast<int8_t>(3 * i);
+  }
+  for (int i = 0; i < 8 * 64; ++i) {
+    b[0][i] = static_cast<uint8_t>(i & 15);
+    b[1][i] = static_cast<uint8_t>((5 * i) & 15);
+  }
   for (int i = 0; i < 32; ++i) rs[i] = 1.f + 1e-3f * i;
   std::memset(c, 0, sizeof(c));
   __m512 acc[16];
@@ -675,12 +756,12 @@ FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
   const auto t0 = std::chrono::steady_clock::now();
   // Two blocks per round, one per C tile T: each folds the other tile's last block while its own
   // product runs. A macro because GCC's tile intrinsics paste the tile number into the asm text.
-#define FT_BLOCK_FOLD_STEP(T, OTHER)                                  \
-  _tile_loadd(4, a[T], 32);                                           \
-  _tile_loadd(6, b[T], 64);                                           \
-  _tile_zero(T);                                                      \
-  _tile_dpbsud(T, 4, 6);                                              \
-  fold_tile(c[OTHER], rs, with_min, acc);                             \
+#define FT_BLOCK_FOLD_STEP(T, OTHER)      \
+  _tile_loadd(4, a[T], 32);               \
+  _tile_loadd(6, b[T], 64);               \
+  _tile_zero(T);                          \
+  _tile_dpbsud(T, 4, 6);                  \
+  fold_tile(c[OTHER], rs, with_min, acc); \
   _tile_stored(T, c[T], 64);
   for (long it = 0; it < iters; it += 2) {
     FT_BLOCK_FOLD_STEP(0, 1)
@@ -741,7 +822,8 @@ FT_PROBE_AVX2 __attribute__((noinline)) int maddubs_chain_ymm(long iters) {
     // Each chain multiplies its own accumulator's bytes, so no product is shared or hoisted; N
     // chains cover the three-instruction latency.
 #pragma GCC unroll 12
-    for (int i = 0; i < N; ++i) a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], x), ones));
+    for (int i = 0; i < N; ++i)
+      a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], x), ones));
   }
   __m256i s = a[0];
   for (int i = 1; i < N; ++i) s = _mm256_add_epi32(s, a[i]);
@@ -803,7 +885,8 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   uint8_t* packed = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64;
   b.pack_dense(wh.data(), DType::kBF16, n, k, packed);
   std::vector<float> y(m * n);
-  const double us = time_us([&] { b.linear_packed(x.data(), packed, DType::kBF16, nullptr, y.data(), m, n, k); });
+  const double us = time_us(
+      [&] { b.linear_packed(x.data(), packed, DType::kBF16, nullptr, y.data(), m, n, k); });
   char name[96];
   std::snprintf(name, sizeof(name), "linear amx   m=%-4lld n=%-6lld k=%lld", static_cast<long long>(m),
                 static_cast<long long>(n), static_cast<long long>(k));
@@ -812,8 +895,9 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   // Each output needs two tile products (hi and lo halves of x) unless activations are rounded to
   // bf16 (--matmul-precision bfloat16): the useful rate is half, or all, of the issued one.
   const int parts = g_bf16_matmuls ? 1 : 2;
-  if (peak > 0) std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (%d product%s per MAC)\n", "",
-                            100.0 * parts * flops / us * 1e-3 / peak, peak, parts, parts > 1 ? "s" : "");
+  if (peak > 0)
+    std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (%d product%s per MAC)\n", "",
+                100.0 * parts * flops / us * 1e-3 / peak, peak, parts, parts > 1 ? "s" : "");
   // x enters the tiles as bf16 hi + lo (each rounding loses at most 2^-9 of what it rounds, so
   // x - hi - lo is within 2^-18 |x|), or hi alone under bf16 matmuls (2^-9); 2k products per sum.
   if (g_short)
@@ -826,7 +910,10 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
 // every call reads them from DRAM as a decode step does). No attention, norms or sampling.
 void bench_amx_decode(Backend& b, int64_t m) {
   if (b.dense_packed_bytes(DType::kBF16, 576, 576) == 0) return;
-  struct Mat { int64_t n, k; size_t off; };
+  struct Mat {
+    int64_t n, k;
+    size_t off;
+  };
   std::vector<Mat> mats;
   size_t total = 0;
   auto add = [&](int64_t n, int64_t k) {
@@ -847,10 +934,12 @@ void bench_amx_decode(Backend& b, int64_t m) {
   auto x = randn(m * 1536, 3);
   std::vector<float> y(m * 49152);
   const double us = time_us([&] {
-    for (const Mat& mt : mats) b.linear_packed(x.data(), base + mt.off, DType::kBF16, nullptr, y.data(), m, mt.n, mt.k);
+    for (const Mat& mt : mats)
+      b.linear_packed(x.data(), base + mt.off, DType::kBF16, nullptr, y.data(), m, mt.n, mt.k);
   });
   char name[96];
-  std::snprintf(name, sizeof(name), "amx decode weights m=%-3lld (%zu MB, DRAM)", static_cast<long long>(m), total >> 20);
+  std::snprintf(name, sizeof(name), "amx decode weights m=%-3lld (%zu MB, DRAM)", static_cast<long long>(m),
+                total >> 20);
   report(name, us, 2.0 * m * static_cast<double>(total / 2), static_cast<double>(total));
 }
 
@@ -865,7 +954,8 @@ void read_bandwidth_probes(int T, cpu::Isa isa) {
     const size_t n = mb << 18, per = n / T;  // floats in all, per thread
     float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
     for (size_t i = 0; i < n; ++i) p[i] = 1.f;
-    const double s = par_best(T, mb >= 512 ? 4 : 10, [&](int t) { sink = read_sum_isa(isa, p + t * per, per); });
+    const double s = par_best(T, mb >= 512 ? 4 : 10,
+                              [&](int t) { sink = read_sum_isa(isa, p + t * per, per); });
     char name[64];
     std::snprintf(name, sizeof(name), "read bandwidth %zu MB", mb);
     std::printf("probe %-38s %10.1f GB/s\n", name, n * 4.0 / s * 1e-9);
@@ -881,38 +971,49 @@ void probes_avx2(int T) {
   volatile int isink = 0;
   const long iters = 4000000;
   double s = par_best(T, 5, [&](int) { sink = fma_chain_ymm(iters); });
-  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (ymm)", T * iters * 12.0 * 16 / s * 1e-9, T);
+  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (ymm)",
+              T * iters * 12.0 * 16 / s * 1e-9, T);
   g_peak_gflops = T * iters * 12.0 * 16 / s * 1e-9;
   s = par_best(T, 5, [&](int) { isink = maddubs_chain_ymm<12>(iters); });
-  std::printf("probe %-38s %10.1f GOP/s\n", "peak vpmaddubsw+vpmaddwd u8*s8 (ymm)", T * iters * 12.0 * 64 / s * 1e-9);
+  std::printf("probe %-38s %10.1f GOP/s\n", "peak vpmaddubsw+vpmaddwd u8*s8 (ymm)",
+              T * iters * 12.0 * 64 / s * 1e-9);
   read_bandwidth_probes(T, cpu::Isa::kAvx2);
   (void)sink;
   (void)isink;
 }
 
 void probes(int T, cpu::Isa isa) {
-  if (isa < cpu::Isa::kAvx2) { std::printf("probe: needs AVX2\n"); return; }
+  if (isa < cpu::Isa::kAvx2) {
+    std::printf("probe: needs AVX2\n");
+    return;
+  }
   if (isa == cpu::Isa::kAvx2) return probes_avx2(T);
   volatile float sink = 0;
   const long iters = 4000000;
   double s = par_best(T, 5, [&](int) { sink = fma_chain(iters); });
-  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (zmm)", T * iters * 12.0 * 32 / s * 1e-9, T);
+  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (zmm)",
+              T * iters * 12.0 * 32 / s * 1e-9, T);
   g_peak_gflops = T * iters * 12.0 * 32 / s * 1e-9;
   if (has_avx512bf16()) {
     s = par_best(T, 5, [&](int) { sink = dpbf16_chain<12>(iters); });
     std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm)", T * iters * 12.0 * 64 / s * 1e-9);
     s = par_best(T, 5, [&](int) { sink = dpbf16_chain<24>(iters / 2); });
-    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm, 24 chains)", T * iters * 12.0 * 64 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm, 24 chains)",
+                T * iters * 12.0 * 64 / s * 1e-9);
   }
   if (amx_usable()) {
     const long amx_iters = iters / 8;
     s = par_best(T, 5, [&](int) { amx_chain(amx_iters, false); });
-    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak AMX tdpbf16ps", T * amx_iters * 4.0 * 16 * 16 * 32 * 2 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak AMX tdpbf16ps",
+                T * amx_iters * 4.0 * 16 * 16 * 32 * 2 / s * 1e-9);
     s = par_best(T, 5, [&](int) { amx_chain(amx_iters, true); });
-    std::printf("probe %-38s %10.1f GOP/s\n", "peak AMX tdpbusd u8*s8", T * amx_iters * 4.0 * 16 * 16 * 64 * 2 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak AMX tdpbusd u8*s8",
+                T * amx_iters * 4.0 * 16 * 16 * 64 * 2 / s * 1e-9);
     for (const bool with_min : {false, true}) {
       s = par_best(T, 5, [&](int) { amx_block_fold(amx_iters, with_min); });
-      std::printf("probe %-38s %10.1f GOP/s\n", with_min ? "AMX int8, 32-blocks + fold (Q4_1 form)" : "AMX int8, 32-blocks + fold (Q8_0 form)",
+      std::printf("probe %-38s %10.1f GOP/s\n",
+                  with_min ? "AMX int8, 32-blocks + fold (Q4_1 form)"
+                           : "AMX int8, 32-blocks + fold (Q8_0 form)",
                   T * amx_iters * 16.0 * 16 * 32 * 2 / s * 1e-9);
     }
   } else {
@@ -923,7 +1024,8 @@ void probes(int T, cpu::Isa isa) {
     s = par_best(T, 5, [&](int) { isink = dpbusd_chain<12>(iters); });
     std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm)", T * iters * 12.0 * 128 / s * 1e-9);
     s = par_best(T, 5, [&](int) { isink = dpbusd_chain<24>(iters / 2); });
-    std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm, 24 chains)", T * iters * 12.0 * 128 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm, 24 chains)",
+                T * iters * 12.0 * 128 / s * 1e-9);
     (void)isink;
   }
   read_bandwidth_probes(T, cpu::Isa::kAvx512);
@@ -998,19 +1100,23 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
-      if (!cpu::parse_isa(argv[++i], &isa)) { std::fprintf(stderr, "unknown isa %s\n", argv[i]); return 2; }
+      if (!cpu::parse_isa(argv[++i], &isa)) {
+        std::fprintf(stderr, "unknown isa %s\n", argv[i]);
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) {
       g_min_ms = std::atof(argv[++i]);
       min_ms_given = true;
-    }
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--short")) g_short = true;
     else {
-      std::fprintf(stderr, "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-                           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time] "
-                           "[--matmul-precision float32|bfloat16]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
+                   "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time] "
+                   "[--matmul-precision float32|bfloat16]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -1060,7 +1166,8 @@ int main(int argc, char** argv) {
       // A 512-token prefill through the default model's four layer matrices (qkv, o, gate|up,
       // down).
       if (wt == DType::kBF16)
-        for (const auto& [n, k] : {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}})
+        for (const auto& [n, k] :
+             {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}})
           bench_linear_amx(*b, 512, n, k);
     }
   }

@@ -7,6 +7,7 @@
 // MODEL_DIR/tokenizer.json). The tokenizer here is deliberately tiny: tokenizer.json read with
 // nlohmann_json (the JSON library the engine itself builds with), decoding for byte-level BPE,
 // SentencePiece-style and word-level vocabularies, and encoding for word-level ones only.
+#include <sys/stat.h>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -18,7 +19,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <sys/stat.h>
 #include <unordered_map>
 #include <vector>
 
@@ -97,16 +97,32 @@ std::string utf8_lossy(const std::string& in) {
   const size_t n = in.size();
   for (size_t i = 0; i < n;) {
     unsigned char c = b[i];
-    if (c < 0x80) { out.push_back(static_cast<char>(c)); ++i; continue; }
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // Well-formed sequences by lead byte (the Unicode standard's table 3-7): length and the
+    // allowed range of the second byte; other lead bytes (C0, C1, F5..FF, continuations) have none.
+    struct Lead {
+      unsigned char first, last;
+      size_t len;
+      unsigned char lo, hi;
+    };
+    static const Lead kLeads[] = {{0xC2, 0xDF, 2, 0x80, 0xBF}, {0xE0, 0xE0, 3, 0xA0, 0xBF},
+                                  {0xE1, 0xEC, 3, 0x80, 0xBF}, {0xED, 0xED, 3, 0x80, 0x9F},
+                                  {0xEE, 0xEF, 3, 0x80, 0xBF}, {0xF0, 0xF0, 4, 0x90, 0xBF},
+                                  {0xF1, 0xF3, 4, 0x80, 0xBF}, {0xF4, 0xF4, 4, 0x80, 0x8F}};
     size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) { len = 3; lo = 0xA0; }
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
-    else if (c == 0xED) { len = 3; hi = 0x9F; }
-    else if (c == 0xF0) { len = 4; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) { len = 4; hi = 0x8F; }
+    unsigned char lo = 0x80, hi = 0xBF;
+    for (const Lead& l : kLeads) {
+      if (c >= l.first && c <= l.last) {
+        len = l.len;
+        lo = l.lo;
+        hi = l.hi;
+        break;
+      }
+    }
     size_t k = 1;
     if (len > 0) {
       for (; k < len && i + k < n; ++k) {
@@ -194,8 +210,9 @@ class Vocab {
     while (in >> word) {
       auto it = ids_.find(word);
       if (it == ids_.end()) {
-        throw UsageError("the word \"" + word + "\" is not in the vocabulary" +
-                         (unk_token_.empty() ? "" : " (this tool does not map unknown words to " + unk_token_ + ")"));
+        throw UsageError(
+            "the word \"" + word + "\" is not in the vocabulary" +
+            (unk_token_.empty() ? "" : " (this tool does not map unknown words to " + unk_token_ + ")"));
       }
       ids.push_back(it->second);
     }
@@ -230,8 +247,10 @@ class Vocab {
           continue;
         }
         for (size_t p = 0; p < s.size();) {
-          if (s.compare(p, 3, "\xE2\x96\x81") == 0) { out.push_back(' '); p += 3; }
-          else out.push_back(s[p++]);
+          if (s.compare(p, 3, "\xE2\x96\x81") == 0) {
+            out.push_back(' ');
+            p += 3;
+          } else out.push_back(s[p++]);
         }
       }
       if (!out.empty() && out[0] == ' ') out.erase(0, 1);  // the prefix space the encoder added
@@ -382,7 +401,8 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.model_dir.empty()) throw UsageError("MODEL_DIR is required");
   if (a.have_ids && a.have_text) throw UsageError("pass either --prompt-ids or --prompt, not both");
-  if (!a.have_ids && !a.have_text) throw UsageError("a prompt is required: --prompt-ids 1,2,3 or --prompt \"text\"");
+  if (!a.have_ids && !a.have_text)
+    throw UsageError("a prompt is required: --prompt-ids 1,2,3 or --prompt \"text\"");
   return a;
 }
 
@@ -420,7 +440,8 @@ int run(const Args& a) {
     prompt = vocab->encode_words(a.prompt_text);
   }
 
-  auto model = fantai::model::Model::from_pretrained(a.model_dir, "auto", fantai::create_backend("cpu", a.threads));
+  auto model = fantai::model::Model::from_pretrained(a.model_dir, "auto",
+                                                     fantai::create_backend("cpu", a.threads));
   fantai::engine::EngineConfig cfg;
   cfg.kv_cache_bytes = a.kv_cache_mib << 20;  // small: one request, and the pool is sized up front
   cfg.max_num_seqs = 1;

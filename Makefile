@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 BUILD := build/wheel
 SYSTEM_PACKAGES := cmake ninja-build g++ libgtest-dev nlohmann-json3-dev chromium chromium-driver
 
-.PHONY: serve test test-isa install system-deps test-cpp test-python bench clean
+.PHONY: serve test test-isa install system-deps test-cpp test-python bench bench-smoke clean
 
 serve: install
 	$(VENV)/bin/fantai serve
@@ -63,6 +63,13 @@ install: system-deps $(VENV)/.deps
 
 bench: install
 	$(PY) bench/bench_offline.py
+
+# CI's benchmark run: each bench's short mode (a few seconds of figures against the probes / HF
+# transformers, results checked against a reference). A wrong result or a crash fails it, time never.
+bench-smoke: install
+	$(BUILD)/bench/bench_kernels --short --threads 2
+	$(PY) bench/bench_offline.py --short
+	$(PY) bench/bench_serve.py --short
 
 clean:
 	rm -rf build $(VENV)

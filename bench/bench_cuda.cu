@@ -21,13 +21,13 @@ namespace {
 
 using namespace fantai;
 
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));          \
-      std::exit(1);                                                                \
-    }                                                                              \
+#define CK(x)                                                              \
+  do {                                                                     \
+    cudaError_t e_ = (x);                                                  \
+    if (e_ != cudaSuccess) {                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                        \
+    }                                                                      \
   } while (0)
 
 void* dalloc(size_t bytes) {
@@ -89,7 +89,8 @@ void bench_decode(int seqs, int ctx, double copy_bw) {
   float* out = static_cast<float*>(dalloc(size_t(seqs) * hq * hd * 4));
   void* ws = dalloc(std::max<size_t>(cuda::attention_workspace_bytes(seqs, hq, ctx, hd), 4));
   AttentionParams p{seqs, seqs, 1, ctx, dcu, dl, dt, blocks_per_seq};
-  const double s = time_it([&] { cuda::attention(q, q_stride, kc, vc, L, p, hq, 0.125f, out, ws, nullptr); }, 20);
+  const double s = time_it([&] { cuda::attention(q, q_stride, kc, vc, L, p, hq, 0.125f, out, ws, nullptr); },
+                           20);
   const double bytes = 2.0 * seqs * double(ctx) * hkv * hd * 2;
   std::printf("attention_decode_b%d_ctx%d_us: %.1f\n", seqs, ctx, s * 1e6);
   std::printf("attention_decode_b%d_ctx%d_GBps: %.1f\n", seqs, ctx, bytes / s / 1e9);
@@ -145,7 +146,8 @@ int main() {
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d, %zu MiB)\n", prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
+  std::printf("device: %s (sm_%d%d, %zu MiB)\n", prop.name, prop.major, prop.minor,
+              prop.totalGlobalMem >> 20);
   const double bw = copy_bandwidth();
   std::printf("copy_bandwidth_GBps: %.1f\n", bw / 1e9);
   bench_decode(64, 4096, bw);

@@ -1,25 +1,28 @@
 // bench: CPU kernel figures (µs, GFLOP/s, GB/s) for the shapes the model runs: linear at decode
 // and prefill sizes incl. the lm_head, and paged attention decode / prefill. Warm caches.
-//   bench_kernels [--threads N] [--isa avx512|avx2|scalar] [--min-ms T]
+//   bench_kernels [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] [--short]
 // Figures are best-of-N wall time; weights of the small shapes stay cache-resident.
+// --short (CI): a few seconds, a subset of shapes, each kernel's output checked against the
+// double-precision reference (cpu::ref) within its arithmetic's error bound; exits 1 on a miss,
+// never on a time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <random>
 #include <string>
-#include <vector>
-#include <cstdlib>
-#include <ctime>
 #include <thread>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <immintrin.h>
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 flags the reduce intrinsics' own _mm512_undefined_* placeholders (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -31,6 +34,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/qkernels.h"
 #include "cpu/thread_pool.h"
 #include "model/quant_formats.h"
 
@@ -52,7 +56,8 @@ double now_us() {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
   }
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 double time_us(const std::function<void()>& fn) {
@@ -63,7 +68,8 @@ double time_us(const std::function<void()>& fn) {
     const double a = now_us();
     fn();
     t.push_back(now_us() - a);
-  } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < g_min_ms ||
+  } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
+               g_min_ms ||
            t.size() < 5);
   std::sort(t.begin(), t.end());
   return t.front();
@@ -77,8 +83,76 @@ std::vector<float> randn(size_t n, uint32_t seed) {
   return v;
 }
 
+// --short: the probes' peaks, so each figure can be printed as a share of its roofline.
+bool g_short = false;
+double g_peak_gflops = 0;  // the widest f32 FMA probe
+double g_read_gbs = 0;     // the largest read-bandwidth probe
+
 void report(const char* what, double us, double flops, double bytes) {
-  std::printf("%-44s %10.1f us %9.1f GFLOP/s %8.1f GB/s\n", what, us, flops / us * 1e-3, bytes / us * 1e-3);
+  std::printf("%-44s %10.1f us %9.1f GFLOP/s %8.1f GB/s", what, us, flops / us * 1e-3, bytes / us * 1e-3);
+  if (g_short && g_peak_gflops > 0 && g_read_gbs > 0)
+    std::printf("  (%3.0f%% of f32 FMA, %3.0f%% of read BW)", 100.0 * flops / us * 1e-3 / g_peak_gflops,
+                100.0 * bytes / us * 1e-3 / g_read_gbs);
+  std::printf("\n");
+}
+
+// ---- --short: results against the reference ----------------------------------------------------
+// Worst-case relative error of a sum of n floating-point terms in any order (Higham's gamma_n,
+// unit roundoff 2^-24): the bound every f32 accumulation below is held to.
+double gamma_f32(double n) {
+  const double u = std::ldexp(1.0, -24);
+  return n * u / (1 - n * u);
+}
+
+int g_checks = 0, g_failed = 0;
+
+// |got - want| <= bound elementwise; prints the worst error / bound so a kernel drifting toward
+// its bound shows before it crosses it.
+void check(const char* what, const float* got, const float* want, const std::vector<double>& bound) {
+  double worst = 0;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < bound.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(err <= bound[i])) {  // NaN fails too
+      if (bad++ == 0) first = i;
+    }
+    if (bound[i] > 0) worst = std::max(worst, err / bound[i]);
+  }
+  ++g_checks;
+  if (bad) {
+    ++g_failed;
+    std::printf(
+        "    FAIL %s: %zu of %zu outputs out of bound (first at %zu: got %.9g want %.9g bound %.3g)\n", what,
+        bad, bound.size(), first, got[first], want[first], bound[first]);
+  } else {
+    std::printf("    ok   %s: worst error %.2g of its bound\n", what, worst);
+  }
+}
+
+// sum_k |x[r, k]| * |w[j, k]| for every output: the cancellation-free magnitude the f32 error
+// bounds scale with.
+std::vector<double> magnitude(const float* x, const float* w, int64_t m, int64_t n, int64_t k) {
+  std::vector<double> mag(m * n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t i = 0; i < k; ++i) s += std::fabs(static_cast<double>(x[r * k + i]) * w[j * k + i]);
+      mag[r * n + j] = s;
+    }
+  return mag;
+}
+
+// A dense linear's y against ref::linear: f32 products of exact operands (bf16/f16 weights widen
+// exactly), k + 1 roundings (the sum and the bias-free store).
+void check_linear(const char* what, const float* y, const float* x, const void* w, DType wt, int64_t m,
+                  int64_t n, int64_t k, double extra_rel = 0, double terms = 0) {
+  std::vector<float> want(m * n);
+  cpu::ref::linear(x, w, wt, nullptr, want.data(), m, n, k);
+  std::vector<float> wv(n * k);
+  convert_to_f32(w, wt, wv.data(), wv.size());  // the values the kernel multiplies
+  std::vector<double> bound = magnitude(x, wv.data(), m, n, k);
+  for (auto& b : bound) b *= gamma_f32(terms > 0 ? terms : k + 1.0) + extra_rel;
+  check(what, y, want.data(), bound);
 }
 
 void bench_linear(Backend& b, int64_t m, int64_t n, int64_t k, DType wt) {
@@ -97,13 +171,19 @@ void bench_linear(Backend& b, int64_t m, int64_t n, int64_t k, DType wt) {
                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   const double bytes = static_cast<double>(n) * k * dtype_size(wt) + 4.0 * (m * k + m * n);
   report(name, us, 2.0 * m * n * k, bytes);
+  if (g_short) check_linear(name, y.data(), x.data(), w, wt, m, n, k);
 }
 
 // ---- quantized weights ---------------------------------------------------------------------------
 // A random matrix in one of the formats the loaders produce, packed by the backend.
-struct QFormat { const char* name; int bits, group, zero_point; bool min; };
-const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},  {"q4_0", 4, 32, 8, false}, {"q8_0", 8, 32, 128, false},
-                             {"q4_k", 4, 32, 0, true},  {"q6_k", 8, 16, 32, false}, {"int8", 8, 0, 128, false}};
+struct QFormat {
+  const char* name;
+  int bits, group, zero_point;
+  bool min;
+};
+const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},    {"q4_0", 4, 32, 8, false},
+                             {"q8_0", 8, 32, 128, false}, {"q4_k", 4, 32, 0, true},
+                             {"q6_k", 8, 16, 32, false},  {"int8", 8, 0, 128, false}};
 
 struct QWeight {
   void* mem = nullptr;
@@ -111,8 +191,8 @@ struct QWeight {
   QuantMatrix w;
   size_t bytes = 0;
   QWeight() = default;
+  model::QuantTensor t;  // the canonical form, kept under --short for the reference
   QWeight(Backend& be, const QFormat& f, int64_t rows, int64_t cols, uint32_t seed) : b(&be) {
-    model::QuantTensor t;
     t.bits = f.bits;
     t.group = f.group ? f.group : static_cast<int32_t>(cols);
     t.rows = rows;
@@ -127,13 +207,22 @@ struct QWeight {
     bytes = be.quant_packed_bytes(t.view());
     mem = be.alloc(bytes);
     w = be.pack_quant(t.view(), mem);
+    if (!g_short) t = model::QuantTensor();  // a full qstep holds 30 layers of these
   }
-  QWeight(QWeight&& o) noexcept : mem(o.mem), b(o.b), w(o.w), bytes(o.bytes) { o.mem = nullptr; }
+  QWeight(QWeight&& o) noexcept : mem(o.mem), b(o.b), w(o.w), bytes(o.bytes), t(std::move(o.t)) {
+    o.mem = nullptr;
+  }
   QWeight& operator=(QWeight&& o) noexcept {
-    std::swap(mem, o.mem); std::swap(b, o.b); std::swap(w, o.w); std::swap(bytes, o.bytes);
+    std::swap(t, o.t);
+    std::swap(mem, o.mem);
+    std::swap(b, o.b);
+    std::swap(w, o.w);
+    std::swap(bytes, o.bytes);
     return *this;
   }
-  ~QWeight() { if (mem) b->free(mem); }
+  ~QWeight() {
+    if (mem) b->free(mem);
+  }
 };
 
 void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t k) {
@@ -145,6 +234,31 @@ void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t 
   std::snprintf(name, sizeof(name), "linear_q %-5s m=%-4lld n=%-6lld k=%lld", f.name,
                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   report(name, us, 2.0 * m * n * k, static_cast<double>(w.bytes) + 4.0 * (m * k + m * n));
+  if (!g_short) return;
+  // Against the exact activations (double, ref::linear_q): the kernel may quantize x per block of
+  // xq_block columns to int8 (scale max|x| / 127, so each value moves by at most max|x| / 254, and
+  // 1% more for the scale's own rounding), which moves an output by that times the block's sum
+  // |w|; the rest is f32 accumulation.
+  std::vector<float> want(m * n), wd(n * k);
+  cpu::ref::linear_q(x.data(), w.t.view(), nullptr, want.data(), m, n);
+  cpu::ref::dequantize(w.t.view(), wd.data());
+  const std::vector<double> mag = magnitude(x.data(), wd.data(), m, n, k);
+  const int64_t blk = cpu::xq_block(w.w);
+  std::vector<double> bound(m * n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double q = 0;
+      for (int64_t c0 = 0; c0 < k; c0 += blk) {
+        double amax = 0, wsum = 0;
+        for (int64_t c = c0; c < std::min(k, c0 + blk); ++c) {
+          amax = std::max(amax, std::fabs(static_cast<double>(x[r * k + c])));
+          wsum += std::fabs(static_cast<double>(wd[j * k + c]));
+        }
+        q += amax / 254 * wsum;
+      }
+      bound[r * n + j] = 1.01 * q + gamma_f32(static_cast<double>(k) + 2) * mag[r * n + j];
+    }
+  check(name, y.data(), want.data(), bound);
 }
 
 // SmolLM2-135M's decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the
@@ -153,12 +267,14 @@ void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t 
 void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
   const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
   const int64_t qkv_dim = (nh + 2 * nkv) * hd;
-  struct Layer { QWeight qkv, o, gu, down; };
+  struct Layer {
+    QWeight qkv, o, gu, down;
+  };
   std::vector<Layer> Ls(layers);
   size_t bytes = 0;
   for (int l = 0; l < layers; ++l) {
-    Ls[l] = {QWeight(b, f, qkv_dim, H, 10 + l), QWeight(b, f, H, nh * hd, 100 + l), QWeight(b, f, 2 * I, H, 200 + l),
-             QWeight(b, f, H, I, 300 + l)};
+    Ls[l] = {QWeight(b, f, qkv_dim, H, 10 + l), QWeight(b, f, H, nh * hd, 100 + l),
+             QWeight(b, f, 2 * I, H, 200 + l), QWeight(b, f, H, I, 300 + l)};
     bytes += Ls[l].qkv.bytes + Ls[l].o.bytes + Ls[l].gu.bytes + Ls[l].down.bytes;
   }
   QWeight lm(b, kQFormats[2], V, H, 7);
@@ -175,11 +291,77 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
     b.linear_q(x.data(), lm.w, nullptr, logits.data(), 1, V);
   };
   const double us = time_us(run);
-  std::printf("qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)\n",
-              f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
+  std::printf(
+      "qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)\n",
+      f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
 }
 
 double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX2
+
+// Attention over the first pool against ref::attention over the same cache (so int8 and bf16
+// values are the same on both sides). Per output (query row, head, d): scores carry f32 dot
+// product error gamma(hd + 1) * scale * sum |q k|, exp a few ulps (2^-20 leaves room for the
+// kernels' polynomial), so each softmax weight is off by at most a factor (1 +- E),
+// E = 2 * (max score error + 2^-20) + gamma(ctx + 2), and the output by E * sum_t p_t |v_t|
+// plus gamma(ctx + 2) of the same sum for the weighted accumulation.
+void check_attention(const char* what, Backend& b, const float* q, int64_t q_stride, const void* kc,
+                     const void* vc, const KVLayout& L, const AttentionParams& p, int nqh, float scale) {
+  const int hd = L.head_dim, group = nqh / L.num_kv_heads;
+  std::vector<float> got(static_cast<size_t>(p.num_tokens) * nqh * hd), want(got.size());
+  b.attention(q, q_stride, kc, vc, L, p, nqh, scale, got.data());
+  cpu::ref::attention(q, q_stride, kc, vc, L, p, nqh, scale, want.data());
+  // The cache's values as doubles, to build the bound (int8: value times its (slot, head) scale).
+  const int64_t elems = static_cast<int64_t>(L.num_blocks) * L.num_kv_heads * L.block_size * hd;
+  std::vector<float> kf(elems), vf(elems);
+  auto widen = [&](const void* cache, std::vector<float>& out) {
+    if (L.dtype == DType::kI8) {
+      const auto* v = static_cast<const int8_t*>(cache);
+      const auto* sc = reinterpret_cast<const float*>(static_cast<const uint8_t*>(cache) + L.scales_offset());
+      for (int64_t i = 0; i < elems; ++i) out[i] = v[i] * sc[i / hd];
+    } else {
+      convert_to_f32(cache, L.dtype, out.data(), elems);
+    }
+  };
+  widen(kc, kf);
+  widen(vc, vf);
+  std::vector<double> bound(got.size());
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q0 = p.cu_seqlens_q[s], qlen = p.cu_seqlens_q[s + 1] - q0, ctx = p.context_lens[s];
+    const int32_t* bt = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
+    for (int j = 0; j < qlen; ++j) {
+      const int pos = ctx - qlen + j;
+      for (int h = 0; h < nqh; ++h) {
+        const float* qv = q + static_cast<int64_t>(q0 + j) * q_stride + h * hd;
+        auto row = [&](int t) {
+          return ((static_cast<int64_t>(bt[t / L.block_size]) * L.num_kv_heads + h / group) * L.block_size +
+                  t % L.block_size) *
+                 hd;
+        };
+        std::vector<double> sc(pos + 1);
+        double mx = -1e300, serr = 0;
+        for (int t = 0; t <= pos; ++t) {
+          double d0 = 0, a = 0;
+          for (int d = 0; d < hd; ++d) {
+            d0 += static_cast<double>(qv[d]) * kf[row(t) + d];
+            a += std::fabs(static_cast<double>(qv[d]) * kf[row(t) + d]);
+          }
+          sc[t] = d0 * scale;
+          mx = std::max(mx, sc[t]);
+          serr = std::max(serr, gamma_f32(hd + 1.0) * scale * a);
+        }
+        double sum = 0;
+        for (int t = 0; t <= pos; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
+        const double E = 2 * (serr + std::ldexp(1.0, -20)) + gamma_f32(pos + 3.0);
+        for (int d = 0; d < hd; ++d) {
+          double a = 0;
+          for (int t = 0; t <= pos; ++t) a += sc[t] / sum * std::fabs(static_cast<double>(vf[row(t) + d]));
+          bound[(static_cast<int64_t>(q0 + j) * nqh + h) * hd + d] = (E + gamma_f32(pos + 3.0)) * a;
+        }
+      }
+    }
+  }
+  check(what, got.data(), want.data(), bound);
+}
 
 // num_seqs sequences, each with context ctx of which q_len are new queries this step, SmolLM2's
 // heads (9 query / 3 KV of 64). The cache is filled through store_kv (int8 gets its scales).
@@ -241,7 +423,10 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
   std::printf("%-52s %10.1f us %9.1f GFLOP/s %8.1f GB/s", name, us, 4.0 * hd * nqh * keys / us * 1e-3,
               bytes / us * 1e-3);
   if (dram_gbs > 0) std::printf("  %5.0f%% of DRAM read", 100.0 * bytes / us * 1e-3 / dram_gbs);
+  if (g_short && g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW)", 100.0 * bytes / us * 1e-3 / g_read_gbs);
   std::printf("\n");
+  if (g_short) check_attention(name, b, q.data(), q_stride, kc[0].data(), vc[0].data(), L, p, nqh, 0.125f);
 }
 
 // Decode attention over the KV pool at the two shapes that matter (batch 64 x ctx ~600, batch 1 x
@@ -249,7 +434,9 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
 void bench_attention_dtypes(Backend& b) {
   const double dram = dram_bandwidth_gbs(b.num_threads());
   if (dram > 0) std::printf("probe %-38s %10.1f GB/s\n", "DRAM read bandwidth (512 MB)", dram);
-  struct Shape { int seqs, ctx; };
+  struct Shape {
+    int seqs, ctx;
+  };
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8})  // cache resident (<= 1.5 MB): compute
     bench_attention(b, "decode ", 8, 1, 128, kv, 1, 0);
   for (Shape sh : {Shape{64, 600}, Shape{1, 4096}}) {
@@ -266,7 +453,10 @@ void bench_attention_dtypes(Backend& b) {
 // vocab 49152) written in backend ops exactly as model/transformer.cpp issues them, on random
 // weights: num_seqs sequences with q_len new tokens each at context ctx (decode: q_len 1; prefill:
 // one sequence of q_len == ctx). Prints the step's wall time, tokens/s, and the time per op kind.
-struct StepShape { int num_seqs, q_len, ctx; const char* label; };
+struct StepShape {
+  int num_seqs, q_len, ctx;
+  const char* label;
+};
 
 void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
@@ -281,7 +471,9 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
     convert_from_f32(f.data(), w.data(), wt, f.size());
     return w;
   };
-  struct Layer { std::vector<uint8_t> qkv, o, gu, down; };
+  struct Layer {
+    std::vector<uint8_t> qkv, o, gu, down;
+  };
   std::vector<Layer> Ls(layers);
   for (int l = 0; l < layers; ++l)
     Ls[l] = {mk(qkv_dim, H, 10 + l), mk(H, nh * hd, 100 + l), mk(2 * I, H, 200 + l), mk(H, I, 300 + l)};
@@ -295,7 +487,10 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   L.dtype = DType::kF32;
   const size_t cache_elems = static_cast<size_t>(L.num_blocks) * nkv * bs * hd;
   std::vector<std::vector<float>> kc(layers), vc(layers);
-  for (int l = 0; l < layers; ++l) { kc[l] = randn(cache_elems, 400 + l); vc[l] = randn(cache_elems, 500 + l); }
+  for (int l = 0; l < layers; ++l) {
+    kc[l] = randn(cache_elems, 400 + l);
+    vc[l] = randn(cache_elems, 500 + l);
+  }
   std::vector<int32_t> tables(L.num_blocks), ctxs(sh.num_seqs, sh.ctx), cu(sh.num_seqs + 1), pos(n);
   std::vector<int64_t> slots(n);
   for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
@@ -326,8 +521,8 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   std::vector<float> normed(n * H), qkv(n * qkv_dim), attn(n * nh * hd), proj(n * H), gu(n * 2 * I),
       act(n * I), logits(static_cast<size_t>(sh.num_seqs) * V), last(sh.num_seqs * H);
   enum { kQkv, kRope, kStore, kAttn, kO, kNorm, kGu, kSilu, kDown, kLm, kOps };
-  const char* names[kOps] = {"qkv", "rope", "store_kv", "attention", "o", "add_rms_norm", "gate_up",
-                             "silu_mul", "down", "lm_head"};
+  const char* names[kOps] = {"qkv",          "rope",    "store_kv", "attention", "o",
+                             "add_rms_norm", "gate_up", "silu_mul", "down",      "lm_head"};
   double op_us[kOps] = {};
   using clk = std::chrono::steady_clock;
   auto run = [&](bool timed) {
@@ -340,20 +535,31 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
     };
     for (int l = 0; l < layers; ++l) {
       const Layer& w = Ls[l];
-      b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H); tick(kQkv);
-      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, cs.data()); tick(kRope);
-      b.store_kv(qkv.data() + nh * hd, qkv.data() + (nh + nkv) * hd, qkv_dim, slots.data(), n,
-                 kc[l].data(), vc[l].data(), L); tick(kStore);
-      b.attention(qkv.data(), qkv_dim, kc[l].data(), vc[l].data(), L, p, nh, 0.125f, attn.data()); tick(kAttn);
-      b.linear(attn.data(), w.o.data(), wt, nullptr, proj.data(), n, H, nh * hd); tick(kO);
-      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f); tick(kNorm);
-      b.linear(normed.data(), w.gu.data(), wt, nullptr, gu.data(), n, 2 * I, H); tick(kGu);
-      b.silu_mul(gu.data(), act.data(), n, I); tick(kSilu);
-      b.linear(act.data(), w.down.data(), wt, nullptr, proj.data(), n, H, I); tick(kDown);
-      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f); tick(kNorm);
+      b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H);
+      tick(kQkv);
+      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, cs.data());
+      tick(kRope);
+      b.store_kv(qkv.data() + nh * hd, qkv.data() + (nh + nkv) * hd, qkv_dim, slots.data(), n, kc[l].data(),
+                 vc[l].data(), L);
+      tick(kStore);
+      b.attention(qkv.data(), qkv_dim, kc[l].data(), vc[l].data(), L, p, nh, 0.125f, attn.data());
+      tick(kAttn);
+      b.linear(attn.data(), w.o.data(), wt, nullptr, proj.data(), n, H, nh * hd);
+      tick(kO);
+      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f);
+      tick(kNorm);
+      b.linear(normed.data(), w.gu.data(), wt, nullptr, gu.data(), n, 2 * I, H);
+      tick(kGu);
+      b.silu_mul(gu.data(), act.data(), n, I);
+      tick(kSilu);
+      b.linear(act.data(), w.down.data(), wt, nullptr, proj.data(), n, H, I);
+      tick(kDown);
+      b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f);
+      tick(kNorm);
     }
     // The last row of each sequence samples.
-    b.linear(normed.data(), lm.data(), wt, nullptr, logits.data(), sh.num_seqs, V, H); tick(kLm);
+    b.linear(normed.data(), lm.data(), wt, nullptr, logits.data(), sh.num_seqs, V, H);
+    tick(kLm);
   };
   run(false);
   for (auto& x : res) x *= 1e-3f;  // keep the residual stream bounded across repetitions
@@ -366,14 +572,30 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   }
   std::sort(walls.begin(), walls.end());
   const double med = walls[walls.size() / 2];
-  double weight_bytes = (static_cast<double>(layers) * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) + V * H) * es;
-  double flops = 2.0 * n * layers * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) + 2.0 * sh.num_seqs * V * H;
-  std::printf("step %-8s %-5s seqs=%-3d q=%-4d ctx=%-4d %9.0f us  %8.1f tok/s  %6.1f GB/s weights  %6.1f GFLOP/s linear\n",
-              sh.label, dtype_name(wt), sh.num_seqs, sh.q_len, sh.ctx, med, n / med * 1e6,
-              weight_bytes / med * 1e-3, flops / med * 1e-3);
+  double weight_bytes = (static_cast<double>(layers) * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) +
+                         V * H) *
+                        es;
+  double flops = 2.0 * n * layers * (qkv_dim * H + H * nh * hd + 2 * I * H + H * I) +
+                 2.0 * sh.num_seqs * V * H;
+  std::printf(
+      "step %-8s %-5s seqs=%-3d q=%-4d ctx=%-4d %9.0f us  %8.1f tok/s  %6.1f GB/s weights  %6.1f GFLOP/s "
+      "linear\n",
+      sh.label, dtype_name(wt), sh.num_seqs, sh.q_len, sh.ctx, med, n / med * 1e6, weight_bytes / med * 1e-3,
+      flops / med * 1e-3);
   std::printf("    per step, median-ish (mean over reps):");
   for (int o = 0; o < kOps; ++o) std::printf(" %s %.0f", names[o], op_us[o] / reps);
   std::printf(" us\n");
+  if (g_short) {
+    // The step's linears and attention are checked against the reference on their own above;
+    // here only that the chained ops (norms, RoPE, SiLU included) produce numbers: a NaN or an
+    // Inf anywhere spreads through every logit.
+    size_t bad = 0;
+    for (float v : logits) bad += !std::isfinite(v);
+    ++g_checks;
+    if (bad) ++g_failed;
+    std::printf("    %s step %s: %zu of %zu logits not finite\n", bad ? "FAIL" : "ok  ", sh.label, bad,
+                logits.size());
+  }
 }
 
 // ---- machine probes ----------------------------------------------------------------------------
@@ -448,17 +670,39 @@ bool amx_usable() {
 // Returns seconds for `iters` rounds of 4 tile ops (bf16: 16x16x32 MACs each; int8: 16x16x64).
 FT_PROBE_AMX __attribute__((noinline)) double amx_chain(long iters, bool int8) {
   AmxConfig cfg;
-  for (int i = 0; i < 8; ++i) { cfg.colsb[i] = 64; cfg.rows[i] = 16; }
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = 16;
+  }
   _tile_loadconfig(&cfg);
   alignas(64) static uint16_t a[16 * 32], b[16 * 32];
-  for (int i = 0; i < 16 * 32; ++i) { a[i] = 0x3f80; b[i] = 0x3a80; }
-  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  _tile_loadd(4, a, 64); _tile_loadd(5, b, 64); _tile_loadd(6, a, 64); _tile_loadd(7, b, 64);
+  for (int i = 0; i < 16 * 32; ++i) {
+    a[i] = 0x3f80;
+    b[i] = 0x3a80;
+  }
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, b, 64);
+  _tile_loadd(6, a, 64);
+  _tile_loadd(7, b, 64);
   const auto t0 = std::chrono::steady_clock::now();
   if (int8) {
-    for (long i = 0; i < iters; ++i) { _tile_dpbusd(0, 4, 5); _tile_dpbusd(1, 4, 7); _tile_dpbusd(2, 6, 5); _tile_dpbusd(3, 6, 7); }
+    for (long i = 0; i < iters; ++i) {
+      _tile_dpbusd(0, 4, 5);
+      _tile_dpbusd(1, 4, 7);
+      _tile_dpbusd(2, 6, 5);
+      _tile_dpbusd(3, 6, 7);
+    }
   } else {
-    for (long i = 0; i < iters; ++i) { _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 6, 5); _tile_dpbf16ps(3, 6, 7); }
+    for (long i = 0; i < iters; ++i) {
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 6, 5);
+      _tile_dpbf16ps(3, 6, 7);
+    }
   }
   alignas(64) static thread_local float out[16 * 16];
   _tile_stored(0, out, 64);
@@ -485,10 +729,12 @@ FT_PROBE_AMX_FOLD inline __attribute__((always_inline)) void fold_tile(const int
   }
 }
 
-FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
-                                                                                             bool with_min) {
+FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters, bool with_min) {
   AmxConfig cfg;
-  for (int t = 0; t < 2; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+  for (int t = 0; t < 2; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
   cfg.colsb[4] = 32, cfg.rows[4] = 16;  // A: 16 rows x 32 int8
   cfg.colsb[6] = 64, cfg.rows[6] = 8;   // B: 8 rows x (16 columns x 4)
   _tile_loadconfig(&cfg);
@@ -496,8 +742,14 @@ FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
   alignas(64) static thread_local uint8_t b[2][8 * 64];
   alignas(64) static thread_local int32_t c[2][16 * 16];
   alignas(64) static thread_local float rs[32];
-  for (int i = 0; i < 16 * 32; ++i) { a[0][i] = static_cast<int8_t>(i); a[1][i] = static_cast<int8_t>(3 * i); }
-  for (int i = 0; i < 8 * 64; ++i) { b[0][i] = static_cast<uint8_t>(i & 15); b[1][i] = static_cast<uint8_t>((5 * i) & 15); }
+  for (int i = 0; i < 16 * 32; ++i) {
+    a[0][i] = static_cast<int8_t>(i);
+    a[1][i] = static_cast<int8_t>(3 * i);
+  }
+  for (int i = 0; i < 8 * 64; ++i) {
+    b[0][i] = static_cast<uint8_t>(i & 15);
+    b[1][i] = static_cast<uint8_t>((5 * i) & 15);
+  }
   for (int i = 0; i < 32; ++i) rs[i] = 1.f + 1e-3f * i;
   std::memset(c, 0, sizeof(c));
   __m512 acc[16];
@@ -505,12 +757,12 @@ FT_PROBE_AMX_FOLD __attribute__((noinline)) double amx_block_fold(long iters,
   const auto t0 = std::chrono::steady_clock::now();
   // Two blocks per round, one per C tile T: each folds the other tile's last block while its own
   // product runs. A macro because GCC's tile intrinsics paste the tile number into the asm text.
-#define FT_BLOCK_FOLD_STEP(T, OTHER)                                  \
-  _tile_loadd(4, a[T], 32);                                           \
-  _tile_loadd(6, b[T], 64);                                           \
-  _tile_zero(T);                                                      \
-  _tile_dpbsud(T, 4, 6);                                              \
-  fold_tile(c[OTHER], rs, with_min, acc);                             \
+#define FT_BLOCK_FOLD_STEP(T, OTHER)      \
+  _tile_loadd(4, a[T], 32);               \
+  _tile_loadd(6, b[T], 64);               \
+  _tile_zero(T);                          \
+  _tile_dpbsud(T, 4, 6);                  \
+  fold_tile(c[OTHER], rs, with_min, acc); \
   _tile_stored(T, c[T], 64);
   for (long it = 0; it < iters; it += 2) {
     FT_BLOCK_FOLD_STEP(0, 1)
@@ -571,7 +823,8 @@ FT_PROBE_AVX2 __attribute__((noinline)) int maddubs_chain_ymm(long iters) {
     // Each chain multiplies its own accumulator's bytes, so no product is shared or hoisted; N
     // chains cover the three-instruction latency.
 #pragma GCC unroll 12
-    for (int i = 0; i < N; ++i) a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], x), ones));
+    for (int i = 0; i < N; ++i)
+      a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], x), ones));
   }
   __m256i s = a[0];
   for (int i = 1; i < N; ++i) s = _mm256_add_epi32(s, a[i]);
@@ -633,7 +886,8 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   uint8_t* packed = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64;
   b.pack_dense(wh.data(), DType::kBF16, n, k, packed);
   std::vector<float> y(m * n);
-  const double us = time_us([&] { b.linear_packed(x.data(), packed, DType::kBF16, nullptr, y.data(), m, n, k); });
+  const double us = time_us(
+      [&] { b.linear_packed(x.data(), packed, DType::kBF16, nullptr, y.data(), m, n, k); });
   char name[96];
   std::snprintf(name, sizeof(name), "linear amx   m=%-4lld n=%-6lld k=%lld", static_cast<long long>(m),
                 static_cast<long long>(n), static_cast<long long>(k));
@@ -642,8 +896,14 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   // Each output needs two tile products (hi and lo halves of x) unless activations are rounded to
   // bf16 (--matmul-precision bfloat16): the useful rate is half, or all, of the issued one.
   const int parts = g_bf16_matmuls ? 1 : 2;
-  if (peak > 0) std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (%d product%s per MAC)\n", "",
-                            100.0 * parts * flops / us * 1e-3 / peak, peak, parts, parts > 1 ? "s" : "");
+  if (peak > 0)
+    std::printf("%-44s %.1f%% of the AMX probe peak %.0f GFLOP/s (%d product%s per MAC)\n", "",
+                100.0 * parts * flops / us * 1e-3 / peak, peak, parts, parts > 1 ? "s" : "");
+  // x enters the tiles as bf16 hi + lo (each rounding loses at most 2^-9 of what it rounds, so
+  // x - hi - lo is within 2^-18 |x|), or hi alone under bf16 matmuls (2^-9); 2k products per sum.
+  if (g_short)
+    check_linear(name, y.data(), x.data(), wh.data(), DType::kBF16, m, n, k,
+                 g_bf16_matmuls ? std::ldexp(1.0, -9) : std::ldexp(1.0, -18), 2.0 * k + 2);
 }
 
 // Decode's weight stream on AMX: one row through a model's worth of packed bf16 matrices (30
@@ -651,7 +911,10 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
 // every call reads them from DRAM as a decode step does). No attention, norms or sampling.
 void bench_amx_decode(Backend& b, int64_t m) {
   if (b.dense_packed_bytes(DType::kBF16, 576, 576) == 0) return;
-  struct Mat { int64_t n, k; size_t off; };
+  struct Mat {
+    int64_t n, k;
+    size_t off;
+  };
   std::vector<Mat> mats;
   size_t total = 0;
   auto add = [&](int64_t n, int64_t k) {
@@ -672,10 +935,12 @@ void bench_amx_decode(Backend& b, int64_t m) {
   auto x = randn(m * 1536, 3);
   std::vector<float> y(m * 49152);
   const double us = time_us([&] {
-    for (const Mat& mt : mats) b.linear_packed(x.data(), base + mt.off, DType::kBF16, nullptr, y.data(), m, mt.n, mt.k);
+    for (const Mat& mt : mats)
+      b.linear_packed(x.data(), base + mt.off, DType::kBF16, nullptr, y.data(), m, mt.n, mt.k);
   });
   char name[96];
-  std::snprintf(name, sizeof(name), "amx decode weights m=%-3lld (%zu MB, DRAM)", static_cast<long long>(m), total >> 20);
+  std::snprintf(name, sizeof(name), "amx decode weights m=%-3lld (%zu MB, DRAM)", static_cast<long long>(m),
+                total >> 20);
   report(name, us, 2.0 * m * static_cast<double>(total / 2), static_cast<double>(total));
 }
 
@@ -690,10 +955,12 @@ void read_bandwidth_probes(int T, cpu::Isa isa) {
     const size_t n = mb << 18, per = n / T;  // floats in all, per thread
     float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
     for (size_t i = 0; i < n; ++i) p[i] = 1.f;
-    const double s = par_best(T, mb >= 512 ? 4 : 10, [&](int t) { sink = read_sum_isa(isa, p + t * per, per); });
+    const double s = par_best(T, mb >= 512 ? 4 : 10,
+                              [&](int t) { sink = read_sum_isa(isa, p + t * per, per); });
     char name[64];
     std::snprintf(name, sizeof(name), "read bandwidth %zu MB", mb);
     std::printf("probe %-38s %10.1f GB/s\n", name, n * 4.0 / s * 1e-9);
+    g_read_gbs = n * 4.0 / s * 1e-9;  // the last, largest array: the DRAM figure
     std::free(p);
   }
   (void)sink;
@@ -705,36 +972,49 @@ void probes_avx2(int T) {
   volatile int isink = 0;
   const long iters = 4000000;
   double s = par_best(T, 5, [&](int) { sink = fma_chain_ymm(iters); });
-  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (ymm)", T * iters * 12.0 * 16 / s * 1e-9, T);
+  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (ymm)",
+              T * iters * 12.0 * 16 / s * 1e-9, T);
+  g_peak_gflops = T * iters * 12.0 * 16 / s * 1e-9;
   s = par_best(T, 5, [&](int) { isink = maddubs_chain_ymm<12>(iters); });
-  std::printf("probe %-38s %10.1f GOP/s\n", "peak vpmaddubsw+vpmaddwd u8*s8 (ymm)", T * iters * 12.0 * 64 / s * 1e-9);
+  std::printf("probe %-38s %10.1f GOP/s\n", "peak vpmaddubsw+vpmaddwd u8*s8 (ymm)",
+              T * iters * 12.0 * 64 / s * 1e-9);
   read_bandwidth_probes(T, cpu::Isa::kAvx2);
   (void)sink;
   (void)isink;
 }
 
 void probes(int T, cpu::Isa isa) {
-  if (isa < cpu::Isa::kAvx2) { std::printf("probe: needs AVX2\n"); return; }
+  if (isa < cpu::Isa::kAvx2) {
+    std::printf("probe: needs AVX2\n");
+    return;
+  }
   if (isa == cpu::Isa::kAvx2) return probes_avx2(T);
   volatile float sink = 0;
   const long iters = 4000000;
   double s = par_best(T, 5, [&](int) { sink = fma_chain(iters); });
-  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (zmm)", T * iters * 12.0 * 32 / s * 1e-9, T);
+  std::printf("probe %-38s %10.1f GFLOP/s (%d threads)\n", "peak f32 FMA (zmm)",
+              T * iters * 12.0 * 32 / s * 1e-9, T);
+  g_peak_gflops = T * iters * 12.0 * 32 / s * 1e-9;
   if (has_avx512bf16()) {
     s = par_best(T, 5, [&](int) { sink = dpbf16_chain<12>(iters); });
     std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm)", T * iters * 12.0 * 64 / s * 1e-9);
     s = par_best(T, 5, [&](int) { sink = dpbf16_chain<24>(iters / 2); });
-    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm, 24 chains)", T * iters * 12.0 * 64 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak vdpbf16ps (zmm, 24 chains)",
+                T * iters * 12.0 * 64 / s * 1e-9);
   }
   if (amx_usable()) {
     const long amx_iters = iters / 8;
     s = par_best(T, 5, [&](int) { amx_chain(amx_iters, false); });
-    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak AMX tdpbf16ps", T * amx_iters * 4.0 * 16 * 16 * 32 * 2 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GFLOP/s\n", "peak AMX tdpbf16ps",
+                T * amx_iters * 4.0 * 16 * 16 * 32 * 2 / s * 1e-9);
     s = par_best(T, 5, [&](int) { amx_chain(amx_iters, true); });
-    std::printf("probe %-38s %10.1f GOP/s\n", "peak AMX tdpbusd u8*s8", T * amx_iters * 4.0 * 16 * 16 * 64 * 2 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak AMX tdpbusd u8*s8",
+                T * amx_iters * 4.0 * 16 * 16 * 64 * 2 / s * 1e-9);
     for (const bool with_min : {false, true}) {
       s = par_best(T, 5, [&](int) { amx_block_fold(amx_iters, with_min); });
-      std::printf("probe %-38s %10.1f GOP/s\n", with_min ? "AMX int8, 32-blocks + fold (Q4_1 form)" : "AMX int8, 32-blocks + fold (Q8_0 form)",
+      std::printf("probe %-38s %10.1f GOP/s\n",
+                  with_min ? "AMX int8, 32-blocks + fold (Q4_1 form)"
+                           : "AMX int8, 32-blocks + fold (Q8_0 form)",
                   T * amx_iters * 16.0 * 16 * 32 * 2 / s * 1e-9);
     }
   } else {
@@ -745,7 +1025,8 @@ void probes(int T, cpu::Isa isa) {
     s = par_best(T, 5, [&](int) { isink = dpbusd_chain<12>(iters); });
     std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm)", T * iters * 12.0 * 128 / s * 1e-9);
     s = par_best(T, 5, [&](int) { isink = dpbusd_chain<24>(iters / 2); });
-    std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm, 24 chains)", T * iters * 12.0 * 128 / s * 1e-9);
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (zmm, 24 chains)",
+                T * iters * 12.0 * 128 / s * 1e-9);
     (void)isink;
   }
   read_bandwidth_probes(T, cpu::Isa::kAvx512);
@@ -772,24 +1053,71 @@ void bench_amx_decode(Backend&, int64_t) {}
 double dram_bandwidth_gbs(int) { return 0; }
 #endif
 
+// --short: one or two shapes per section, every output checked; the exit status counts misses
+// only (a slow figure is never a failure).
+template <class Want>
+int run_short(Backend& b, const Want& want) {
+  if (want("linear")) {
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      for (int64_t m : {1, 16}) {
+        bench_linear(b, m, 1536, 576, wt);
+        if (wt == DType::kBF16) bench_linear_amx(b, m, 1536, 576);
+      }
+      bench_linear(b, 3, 576, 1536, wt);
+    }
+    bench_linear_amx(b, 64, 960, 576);
+  }
+  if (want("qlinear")) {
+    for (const QFormat& f : kQFormats) {
+      for (int64_t m : {1, 16}) bench_linear_q(b, f, m, 1536, 576);
+      bench_linear_q(b, f, 3, 576, 1536);
+    }
+  }
+  if (want("qstep")) bench_qstep(b, kQFormats[0], 2);
+  if (want("attention")) {
+    for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) bench_attention(b, "decode ", 16, 1, 512, kv);
+    for (DType kv : {DType::kF32, DType::kBF16}) {
+      bench_attention(b, "prefill", 1, 256, 256, kv);
+      bench_attention(b, "chunk  ", 2, 64, 320, kv);
+    }
+  }
+  if (want("step")) {
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      bench_step(b, wt, {1, 1, 256, "decode"}, 2);
+      bench_step(b, wt, {1, 128, 128, "prefill"}, 2);
+    }
+  }
+  std::printf("short: %d checks against the reference, %d failed\n", g_checks, g_failed);
+  return g_failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 0;
   cpu::Isa isa = cpu::active_isa();
   std::string only, precision = "float32";
+  bool min_ms_given = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
-      if (!cpu::parse_isa(argv[++i], &isa)) { std::fprintf(stderr, "unknown isa %s\n", argv[i]); return 2; }
-    } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) g_min_ms = std::atof(argv[++i]);
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+      if (!cpu::parse_isa(argv[++i], &isa)) {
+        std::fprintf(stderr, "unknown isa %s\n", argv[i]);
+        return 2;
+      }
+    } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) {
+      g_min_ms = std::atof(argv[++i]);
+      min_ms_given = true;
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
+    else if (!std::strcmp(argv[i], "--short")) g_short = true;
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-                           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time] "
-                           "[--matmul-precision float32|bfloat16]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
+                   "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time] "
+                   "[--matmul-precision float32|bfloat16]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -798,6 +1126,7 @@ int main(int argc, char** argv) {
   std::printf("cpu backend: isa=%s (detected %s) threads=%d matmuls=%s\n", cpu::isa_name(isa),
               cpu::isa_name(cpu::detected_isa()), b->num_threads(), g_bf16_matmuls ? "bfloat16" : "float32");
   auto want = [&](const char* what) { return only.empty() || only == what; };
+  if (g_short && min_ms_given == false) g_min_ms = 20;
   if (want("probe")) {
     probes(b->num_threads(), isa);
     // One parallel_for of one empty task per thread: the fixed cost every parallel op pays.
@@ -822,6 +1151,7 @@ int main(int argc, char** argv) {
     std::printf("probe %-38s %10.2f us (one task alone %.2f us)\n", "pool op, 1 task/thread, mean",
                 (now_us() - t0) / 2000, one);
   }
+  if (g_short) return run_short(*b, want);
   if (want("linear")) {
     for (DType wt : {DType::kBF16, DType::kF32}) {
       for (int64_t m : {1, 16, 64, 256}) {
@@ -837,7 +1167,8 @@ int main(int argc, char** argv) {
       // A 512-token prefill through the default model's four layer matrices (qkv, o, gate|up,
       // down).
       if (wt == DType::kBF16)
-        for (const auto& [n, k] : {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}})
+        for (const auto& [n, k] :
+             {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}})
           bench_linear_amx(*b, 512, n, k);
     }
   }

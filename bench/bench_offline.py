@@ -36,8 +36,14 @@ What is measured, per (system, dtype):
                 "mean" is the mean over all steps that held any KV.
   peak RSS      ru_maxrss of the subprocess at its end (load + single stream + batch).
 
+--short (CI: make bench-smoke): 4 prompts of 16-64 tokens, 8 new tokens, one dtype (float32), 2
+single-stream repeats; same figures and table. The fantai worker also checks its results: every
+request's greedy tokens equal to that prompt generated alone, and the single-stream repeats
+equal to each other; a mismatch (or any worker crash) exits 1. Timings never fail a run.
+
 Usage:  python bench/bench_offline.py                 # full default workload, both systems
         python bench/bench_offline.py --num-prompts 8 --output-len 32 --json out.json
+        python bench/bench_offline.py --short
 """
 
 from __future__ import annotations
@@ -250,6 +256,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
         t = time.perf_counter()
         llm.generate([wl["single"]], sp(1), use_tqdm=False)
         ttft.append(time.perf_counter() - t)
+    single_tokens = []
     for _ in range(args.repeats):
         stamps: list[float] = []
         r = fantai_run(llm, [wl["single"]], sp(out_len + 1), stamps)
@@ -257,6 +264,7 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
         assert n_tok == out_len + 1 and len(stamps) == n_tok, (n_tok, len(stamps))
         t_full.append(r["wall_s"])
         decode.append(out_len / (stamps[-1] - stamps[0]))
+        single_tokens.append(list(r["results"][0].outputs[0].token_ids))
     log(f"fantai {dtype}: TTFT {median(ttft) * 1e3:.0f} ms, decode {median(decode):.1f} tok/s")
 
     prompts = wl["prompts"]
@@ -265,8 +273,11 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
     assert all(n == out_len for n in n_out), f"output lengths {sorted(set(n_out))} != {out_len}"
     n_prompt = sum(len(p) for p in prompts)
     wall = r.pop("wall_s")
-    r.pop("results")
+    results = r.pop("results")
     log(f"fantai {dtype}: offline {sum(n_out) / wall:.1f} output tok/s")
+    if args.short:
+        check_greedy(llm, prompts, [list(x.outputs[0].token_ids) for x in results], sp(out_len),
+                     single_tokens, dtype)
     return {
         "system": "fantai", "version": getattr(fantai, "__version__", "?"), "build": build, "dtype": dtype,
         "kv_cache_dtype": llm.kv_cache_dtype, "matmul_precision": llm.matmul_precision,
@@ -281,6 +292,24 @@ def worker_fantai(dtype: str, args: argparse.Namespace, wl: dict[str, Any]) -> d
         "offline_total_tok_s": (n_prompt + sum(n_out)) / wall,
         "peak_rss": peak_rss_bytes(), **r,
     }
+
+
+def check_greedy(llm: Any, prompts: list[list[int]], batched: list[list[int]], sp: Any,
+                 single_runs: list[list[int]], dtype: str) -> None:
+    """--short's result check: greedy decoding is deterministic and each sequence's arithmetic
+    does not depend on what shares its batch, so every request of the batch must give the tokens
+    it gives alone, and the repeated single-stream runs the same tokens each time."""
+    bad = []
+    for i, (p, got) in enumerate(zip(prompts, batched)):
+        alone = list(llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids)
+        if alone != got:
+            bad.append(f"request {i}: batched {got} != alone {alone}")
+    if any(run != single_runs[0] for run in single_runs):
+        bad.append(f"single-stream repeats differ: {single_runs}")
+    if bad:
+        raise AssertionError(f"fantai {dtype}: greedy outputs differ:\n" + "\n".join(bad))
+    log(f"fantai {dtype}: check ok: {len(prompts)} batched requests equal to each alone, "
+        f"{len(single_runs)} single-stream runs equal")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -490,9 +519,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dequantize", action="store_true",
                    help="fantai: load the GGUF's quantized tensors dense (the unquantized reference)")
     p.add_argument("--json", default=None, help="write all figures to this JSON file")
+    p.add_argument("--short", action="store_true",
+                   help="CI smoke run: a handful of tiny requests, results checked (see above)")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_workload", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_out", default=None, help=argparse.SUPPRESS)
+    # --short changes the defaults only, so `--short --dtype bfloat16` still means what it says.
+    if "--short" in (sys.argv[1:] if argv is None else argv):
+        p.set_defaults(num_prompts=4, output_len=8, min_prompt=16, max_prompt=64, single_prompt_len=16,
+                       repeats=2, dtype="float32")
     args = p.parse_args(argv)
     args.dtype = [d.strip() for d in args.dtype.split(",") if d.strip()]
     if args.model is None:

@@ -7,6 +7,13 @@ streamed over /v1/completions; it reports request / token throughput, TTFT, TPOT
 
     python bench/bench_serve.py --launch --threads 2 --concurrency 1 16 64
     python bench/bench_serve.py --base-url http://127.0.0.1:8000 --model my-model
+    python bench/bench_serve.py --short
+
+--short (CI: make bench-smoke) launches the server itself and runs 4 requests of 32 prompt and 8
+output tokens at concurrency 1 and 4, then checks every level's results: each request answered
+200 and streamed to the end, with exactly --input-len prompt and --output-len output tokens (the
+server's usage and the tokens counted from the stream's logprobs). Any miss exits 1; a slow run
+does not.
 """
 
 from __future__ import annotations
@@ -76,7 +83,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prompt token ids are drawn below this (exact prompt lengths)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--short", action="store_true",
+                   help="CI smoke run: launch, a handful of tiny requests, results checked")
+    # --short changes the defaults only; explicit flags still win.
+    if "--short" in (sys.argv[1:] if argv is None else argv):
+        p.set_defaults(launch=True, concurrency=[1, 4], num_prompts=4, input_len=32, output_len=8)
     return p.parse_args(argv)
+
+
+def check_runs(args: argparse.Namespace, runs: list[dict[str, object]]) -> list[str]:
+    """What --short verifies per level: a failed request is one whose HTTP status was not 200 or
+    whose stream broke (fantai bench serve records both as failed, with the error)."""
+    problems = []
+    for run in runs:
+        n = int(run["num_prompts"])  # type: ignore[call-overload]
+        level = run["max_concurrency"]
+        want = {"completed": n, "failed": 0, "total_input_tokens": n * args.input_len,
+                "total_output_tokens": n * args.output_len, "total_tokens_received": n * args.output_len,
+                "min_output_tokens": args.output_len, "max_output_tokens": args.output_len}
+        for key, value in want.items():
+            if run.get(key) != value:
+                problems.append(f"concurrency {level}: {key} = {run.get(key)}, expected {value}")
+        if run.get("errors"):
+            problems.append(f"concurrency {level}: errors {run['errors']}")
+    return problems
 
 
 def run_level(args: argparse.Namespace, base_url: str, level: int, out: Path) -> int:
@@ -112,6 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"launch_to_ready_s": ready_s, "input_len": args.input_len,
                                                "output_len": args.output_len, "runs": runs}, indent=1))
+    if args.short:
+        problems = check_runs(args, runs)
+        for line in problems:
+            print(f"FAIL {line}")
+        if not problems:
+            print(f"check ok: {sum(int(r['num_prompts']) for r in runs)} requests over "
+                  f"{len(runs)} levels, all 200 with {args.input_len} prompt and {args.output_len} "
+                  "output tokens each")
+        status |= 1 if problems else 0
     return status
 
 

@@ -4,13 +4,13 @@
 #   (bench_offline.py; fantai's bf16 again with matmul_precision=bfloat16), fantai (both matmul
 #   precisions) vs llama.cpp on the Q4_1 GGUF and its bf16 copy with start-up and roofline tables
 #   (compare_llamacpp.py), and the engine's per-step overhead at batch 64.
-# Usage: bench/run_issue5.sh [OUT_DIR] [LLAMA_CPP_PYTHON]
+# Usage: bench/run_issue5.sh [OUT_DIR (default out/issue5_<UTC time>)] [LLAMA_CPP_PYTHON]
 #   LLAMA_CPP_PYTHON: a venv's python with llama-cpp-python (default /tmp/lcpp-venv/bin/python;
 #   the llama.cpp rows are skipped when it is missing). Takes ~35 min on 2 cores; run it on a quiet
 #   machine (check `uptime` first: other tenants' load makes two-thread figures meaningless).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-bench/results/run_$(date -u +%Y-%m-%dT%H%MZ)}
+out=${1:-out/issue5_$(date -u +%Y-%m-%dT%H%MZ)}  # out/ is git-ignored: run output stays out of the tree
 lcpp=${2:-/tmp/lcpp-venv/bin/python}
 py=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"

@@ -4,10 +4,10 @@
 //            [--temperature T] [--seed S] [--ignore-eos] [--keep-special] [--kv-cache-mib M]
 //
 // Prints "ids: ..." (the generated token ids) and "text: ..." (them decoded with the vocabulary of
-// MODEL_DIR/tokenizer.json). The tokenizer here is deliberately tiny: a hand-written JSON scan (so
-// the installed package does not have to export a JSON library), decoding for byte-level BPE,
+// MODEL_DIR/tokenizer.json). The tokenizer here is deliberately tiny: tokenizer.json read with
+// nlohmann_json (the JSON library the engine itself builds with), decoding for byte-level BPE,
 // SentencePiece-style and word-level vocabularies, and encoding for word-level ones only.
-#include <cerrno>
+#include <sys/stat.h>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -15,10 +15,10 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <sys/stat.h>
 #include <unordered_map>
 #include <vector>
 
@@ -35,29 +35,24 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// ---- a minimal JSON DOM (enough for tokenizer.json) ---------------------------------------------
+using Json = nlohmann::json;
 
-struct Json {
-  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
-  bool b = false;
-  double num = 0;
-  std::string str;
-  std::vector<Json> arr;
-  std::vector<std::pair<std::string, Json>> obj;  // keeps order; lookups are rare and small
+// tokenizer.json's fields are read leniently, as the Python tokenizers read them: a missing or
+// mistyped field is treated as absent rather than failing the whole load.
+std::string get_string(const Json& node, const char* key) {
+  if (!node.is_object()) return std::string();
+  auto it = node.find(key);
+  return it != node.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
 
-  const Json* get(const std::string& key) const {
-    if (kind != kObject) return nullptr;
-    for (const auto& kv : obj) {
-      if (kv.first == key) return &kv.second;
-    }
-    return nullptr;
-  }
-  std::string get_string(const std::string& key) const {
-    const Json* v = get(key);
-    return v && v->kind == kString ? v->str : std::string();
-  }
-};
+const Json* get(const Json& node, const char* key) {
+  if (!node.is_object()) return nullptr;
+  auto it = node.find(key);
+  return it != node.end() ? &*it : nullptr;
+}
 
+// Decoded token text is UTF-8 assembled byte by byte, so the encoder is needed for the byte-level
+// decoder's fallback (code points outside GPT-2's byte table).
 void append_utf8(std::string* out, uint32_t cp) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
@@ -75,144 +70,6 @@ void append_utf8(std::string* out, uint32_t cp) {
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
 }
-
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& text) : s_(text) {}
-
-  Json parse() {
-    Json v = value(0);
-    skip_ws();
-    if (pos_ != s_.size()) fail("trailing characters");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error("malformed JSON at byte " + std::to_string(pos_) + ": " + what);
-  }
-  void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' || s_[pos_] == '\t')) ++pos_;
-  }
-  char peek() {
-    skip_ws();
-    if (pos_ >= s_.size()) fail("unexpected end");
-    return s_[pos_];
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-  bool literal(const char* word) {
-    size_t n = std::char_traits<char>::length(word);
-    if (s_.compare(pos_, n, word) != 0) return false;
-    pos_ += n;
-    return true;
-  }
-
-  Json value(int depth) {
-    if (depth > 256) fail("nested too deeply");  // a recursion bound, so bad input can't overflow the stack
-    Json v;
-    char c = peek();
-    if (c == '{') {
-      v.kind = Json::kObject;
-      ++pos_;
-      if (peek() == '}') { ++pos_; return v; }
-      for (;;) {
-        if (peek() != '"') fail("expected a key");
-        std::string key = string();
-        expect(':');
-        v.obj.emplace_back(std::move(key), value(depth + 1));
-        c = peek();
-        ++pos_;
-        if (c == '}') return v;
-        if (c != ',') fail("expected ',' or '}'");
-      }
-    }
-    if (c == '[') {
-      v.kind = Json::kArray;
-      ++pos_;
-      if (peek() == ']') { ++pos_; return v; }
-      for (;;) {
-        v.arr.push_back(value(depth + 1));
-        c = peek();
-        ++pos_;
-        if (c == ']') return v;
-        if (c != ',') fail("expected ',' or ']'");
-      }
-    }
-    if (c == '"') {
-      v.kind = Json::kString;
-      v.str = string();
-      return v;
-    }
-    if (literal("true")) { v.kind = Json::kBool; v.b = true; return v; }
-    if (literal("false")) { v.kind = Json::kBool; return v; }
-    if (literal("null")) return v;
-    const char* begin = s_.c_str() + pos_;
-    char* end = nullptr;
-    errno = 0;
-    v.num = std::strtod(begin, &end);
-    if (end == begin) fail("unexpected character");
-    v.kind = Json::kNumber;
-    pos_ += static_cast<size_t>(end - begin);
-    return v;
-  }
-
-  uint32_t hex4() {
-    if (pos_ + 4 > s_.size()) fail("short \\u escape");
-    uint32_t cp = 0;
-    for (int i = 0; i < 4; ++i) {
-      char h = s_[pos_++];
-      cp <<= 4;
-      if (h >= '0' && h <= '9') cp |= static_cast<uint32_t>(h - '0');
-      else if (h >= 'a' && h <= 'f') cp |= static_cast<uint32_t>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') cp |= static_cast<uint32_t>(h - 'A' + 10);
-      else fail("bad \\u escape");
-    }
-    return cp;
-  }
-
-  std::string string() {
-    ++pos_;  // the opening quote
-    std::string out;
-    for (;;) {
-      if (pos_ >= s_.size()) fail("unterminated string");
-      char c = s_[pos_++];
-      if (c == '"') return out;
-      if (c != '\\') { out.push_back(c); continue; }
-      if (pos_ >= s_.size()) fail("unterminated escape");
-      char e = s_[pos_++];
-      switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          uint32_t cp = hex4();
-          // Characters outside the BMP come as a surrogate pair (emoji in byte-fallback vocabularies).
-          if (cp >= 0xD800 && cp < 0xDC00 && s_.compare(pos_, 2, "\\u") == 0) {
-            size_t save = pos_;
-            pos_ += 2;
-            uint32_t lo = hex4();
-            if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else pos_ = save;
-          }
-          append_utf8(&out, cp);
-          break;
-        }
-        default: fail("bad escape");
-      }
-    }
-  }
-
-  const std::string& s_;
-  size_t pos_ = 0;
-};
 
 // ---- the vocabulary ------------------------------------------------------------------------------
 
@@ -240,16 +97,32 @@ std::string utf8_lossy(const std::string& in) {
   const size_t n = in.size();
   for (size_t i = 0; i < n;) {
     unsigned char c = b[i];
-    if (c < 0x80) { out.push_back(static_cast<char>(c)); ++i; continue; }
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // Well-formed sequences by lead byte (the Unicode standard's table 3-7): length and the
+    // allowed range of the second byte; other lead bytes (C0, C1, F5..FF, continuations) have none.
+    struct Lead {
+      unsigned char first, last;
+      size_t len;
+      unsigned char lo, hi;
+    };
+    static const Lead kLeads[] = {{0xC2, 0xDF, 2, 0x80, 0xBF}, {0xE0, 0xE0, 3, 0xA0, 0xBF},
+                                  {0xE1, 0xEC, 3, 0x80, 0xBF}, {0xED, 0xED, 3, 0x80, 0x9F},
+                                  {0xEE, 0xEF, 3, 0x80, 0xBF}, {0xF0, 0xF0, 4, 0x90, 0xBF},
+                                  {0xF1, 0xF3, 4, 0x80, 0xBF}, {0xF4, 0xF4, 4, 0x80, 0x8F}};
     size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) { len = 3; lo = 0xA0; }
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
-    else if (c == 0xED) { len = 3; hi = 0x9F; }
-    else if (c == 0xF0) { len = 4; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) { len = 4; hi = 0x8F; }
+    unsigned char lo = 0x80, hi = 0xBF;
+    for (const Lead& l : kLeads) {
+      if (c >= l.first && c <= l.last) {
+        len = l.len;
+        lo = l.lo;
+        hi = l.hi;
+        break;
+      }
+    }
     size_t k = 1;
     if (len > 0) {
       for (; k < len && i + k < n; ++k) {
@@ -265,13 +138,13 @@ std::string utf8_lossy(const std::string& in) {
 }
 
 bool has_type(const Json* node, const std::string& type) {
-  if (!node || node->kind != Json::kObject) return false;
-  if (node->get_string("type") == type) return true;
+  if (!node || !node->is_object()) return false;
+  if (get_string(*node, "type") == type) return true;
   for (const char* list : {"decoders", "pretokenizers"}) {  // Sequence decoders / pre-tokenizers
-    if (const Json* items = node->get(list)) {
-      for (const Json& item : items->arr) {
-        if (has_type(&item, type)) return true;
-      }
+    const Json* items = get(*node, list);
+    if (!items || !items->is_array()) continue;
+    for (const Json& item : *items) {
+      if (has_type(&item, type)) return true;
     }
   }
   return false;
@@ -282,41 +155,44 @@ class Vocab {
   static Vocab load(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error("cannot read " + path);
-    std::stringstream buf;
-    buf << f.rdbuf();
-    std::string text = buf.str();
     Json root;
     try {
-      root = JsonParser(text).parse();
-    } catch (const std::exception& e) {
+      root = Json::parse(f);
+    } catch (const Json::exception& e) {
       throw std::runtime_error(path + ": " + e.what());
     }
     Vocab v;
-    const Json* model = root.get("model");
-    if (!model || model->kind != Json::kObject) throw std::runtime_error(path + ": no \"model\" object");
-    v.model_type_ = model->get_string("type");
-    if (const Json* vocab = model->get("vocab")) {
-      if (vocab->kind == Json::kObject) {  // BPE, WordLevel, WordPiece: {"token": id}
-        for (const auto& kv : vocab->obj) v.set(static_cast<int32_t>(kv.second.num), kv.first, false);
-      } else if (vocab->kind == Json::kArray) {  // Unigram: [["piece", score], ...], id = index
-        for (size_t i = 0; i < vocab->arr.size(); ++i) {
-          const Json& e = vocab->arr[i];
-          if (e.kind == Json::kArray && !e.arr.empty()) v.set(static_cast<int32_t>(i), e.arr[0].str, false);
+    const Json* model = get(root, "model");
+    if (!model || !model->is_object()) throw std::runtime_error(path + ": no \"model\" object");
+    v.model_type_ = get_string(*model, "type");
+    if (const Json* vocab = get(*model, "vocab")) {
+      if (vocab->is_object()) {  // BPE, WordLevel, WordPiece: {"token": id}
+        for (const auto& kv : vocab->items()) {
+          if (kv.value().is_number()) v.set(static_cast<int32_t>(kv.value().get<double>()), kv.key(), false);
+        }
+      } else if (vocab->is_array()) {  // Unigram: [["piece", score], ...], id = index
+        for (size_t i = 0; i < vocab->size(); ++i) {
+          const Json& e = (*vocab)[i];
+          if (e.is_array() && !e.empty() && e[0].is_string()) {
+            v.set(static_cast<int32_t>(i), e[0].get<std::string>(), false);
+          }
         }
       }
     }
-    if (const Json* added = root.get("added_tokens")) {
-      for (const Json& t : added->arr) {
-        const Json* id = t.get("id");
-        const Json* special = t.get("special");
-        if (id && id->kind == Json::kNumber) {
-          v.set(static_cast<int32_t>(id->num), t.get_string("content"), special && special->b);
+    const Json* added = get(root, "added_tokens");
+    if (added && added->is_array()) {
+      for (const Json& t : *added) {
+        const Json* id = get(t, "id");
+        const Json* special = get(t, "special");
+        if (id && id->is_number()) {
+          bool is_special = special && special->is_boolean() && special->get<bool>();
+          v.set(static_cast<int32_t>(id->get<double>()), get_string(t, "content"), is_special);
         }
       }
     }
-    v.unk_token_ = model->get_string("unk_token");
-    const Json* decoder = root.get("decoder");
-    v.byte_level_ = has_type(decoder, "ByteLevel") || has_type(root.get("pre_tokenizer"), "ByteLevel");
+    v.unk_token_ = get_string(*model, "unk_token");
+    const Json* decoder = get(root, "decoder");
+    v.byte_level_ = has_type(decoder, "ByteLevel") || has_type(get(root, "pre_tokenizer"), "ByteLevel");
     v.byte_fallback_ = has_type(decoder, "ByteFallback");
     v.metaspace_ = has_type(decoder, "Metaspace") || has_type(decoder, "Replace");
     if (v.byte_level_) v.build_byte_decoder();
@@ -334,8 +210,9 @@ class Vocab {
     while (in >> word) {
       auto it = ids_.find(word);
       if (it == ids_.end()) {
-        throw UsageError("the word \"" + word + "\" is not in the vocabulary" +
-                         (unk_token_.empty() ? "" : " (this tool does not map unknown words to " + unk_token_ + ")"));
+        throw UsageError(
+            "the word \"" + word + "\" is not in the vocabulary" +
+            (unk_token_.empty() ? "" : " (this tool does not map unknown words to " + unk_token_ + ")"));
       }
       ids.push_back(it->second);
     }
@@ -370,8 +247,10 @@ class Vocab {
           continue;
         }
         for (size_t p = 0; p < s.size();) {
-          if (s.compare(p, 3, "\xE2\x96\x81") == 0) { out.push_back(' '); p += 3; }
-          else out.push_back(s[p++]);
+          if (s.compare(p, 3, "\xE2\x96\x81") == 0) {
+            out.push_back(' ');
+            p += 3;
+          } else out.push_back(s[p++]);
         }
       }
       if (!out.empty() && out[0] == ' ') out.erase(0, 1);  // the prefix space the encoder added
@@ -522,7 +401,8 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.model_dir.empty()) throw UsageError("MODEL_DIR is required");
   if (a.have_ids && a.have_text) throw UsageError("pass either --prompt-ids or --prompt, not both");
-  if (!a.have_ids && !a.have_text) throw UsageError("a prompt is required: --prompt-ids 1,2,3 or --prompt \"text\"");
+  if (!a.have_ids && !a.have_text)
+    throw UsageError("a prompt is required: --prompt-ids 1,2,3 or --prompt \"text\"");
   return a;
 }
 
@@ -560,7 +440,8 @@ int run(const Args& a) {
     prompt = vocab->encode_words(a.prompt_text);
   }
 
-  auto model = fantai::model::Model::from_pretrained(a.model_dir, "auto", fantai::create_backend("cpu", a.threads));
+  auto model = fantai::model::Model::from_pretrained(a.model_dir, "auto",
+                                                     fantai::create_backend("cpu", a.threads));
   fantai::engine::EngineConfig cfg;
   cfg.kv_cache_bytes = a.kv_cache_mib << 20;  // small: one request, and the pool is sized up front
   cfg.max_num_seqs = 1;

@@ -28,9 +28,10 @@ std::shared_ptr<Backend> amx_backend(int threads, DType precision = DType::kF32)
   return be;
 }
 
-#define SKIP_WITHOUT_AMX(be)                                                                      \
-  if (!(be)) GTEST_SKIP() << "AMX not usable here (no AMX-TILE/AMX-BF16/AVX512-BF16 in CPUID, " \
-                             "no kernel permission for tile data, or FANTAI_AMX=0)"
+#define SKIP_WITHOUT_AMX(be)                                                         \
+  if (!(be))                                                                         \
+  GTEST_SKIP() << "AMX not usable here (no AMX-TILE/AMX-BF16/AVX512-BF16 in CPUID, " \
+                  "no kernel permission for tile data, or FANTAI_AMX=0)"
 
 struct Problem {
   int64_t m, n, k;
@@ -145,29 +146,29 @@ TEST(Amx, MatmulPrecisionIsAnAmxChoice) {
 // thread split (the engine's batch invariance rests on it).
 TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
   for (DType precision : {DType::kF32, DType::kBF16}) {
-  auto be1 = amx_backend(1, precision), be2 = amx_backend(2, precision);
-  SKIP_WITHOUT_AMX(be2);
-  // Without a bias, full tiles are stored straight into y and partial ones (past m, past n) go
-  // through a buffer: a row's bits must not depend on which.
-  for (int64_t k : {576, 100, 1536})
-    for (bool with_bias : {true, false}) {
-      const int64_t n = 1536 + 17, big = 200;
-      Problem p(big, n, k, 99 + static_cast<uint32_t>(k));
-      const float* bias = with_bias ? p.bias.data() : nullptr;
-      const auto packed = pack(*be2, p);
-      std::vector<float> all1(big * n), all2(big * n);
-      be1->linear_packed(p.x.data(), packed.data(), DType::kBF16, bias, all1.data(), big, n, k);
-      be2->linear_packed(p.x.data(), packed.data(), DType::kBF16, bias, all2.data(), big, n, k);
-      ASSERT_EQ(0, std::memcmp(all1.data(), all2.data(), all1.size() * 4)) << "1 vs 2 threads, k=" << k;
-      for (int64_t m : {1, 7, 16, 33, 200}) {
-        // The last m rows, so each lands at a different offset in its 16-row tile than in `all`.
-        const int64_t r0 = big - m;
-        std::vector<float> y(m * n);
-        be2->linear_packed(p.x.data() + r0 * k, packed.data(), DType::kBF16, bias, y.data(), m, n, k);
-        EXPECT_EQ(0, std::memcmp(y.data(), all2.data() + r0 * n, y.size() * 4))
-            << "m=" << m << " k=" << k << " bias=" << with_bias << " " << dtype_name(precision);
+    auto be1 = amx_backend(1, precision), be2 = amx_backend(2, precision);
+    SKIP_WITHOUT_AMX(be2);
+    // Without a bias, full tiles are stored straight into y and partial ones (past m, past n) go
+    // through a buffer: a row's bits must not depend on which.
+    for (int64_t k : {576, 100, 1536})
+      for (bool with_bias : {true, false}) {
+        const int64_t n = 1536 + 17, big = 200;
+        Problem p(big, n, k, 99 + static_cast<uint32_t>(k));
+        const float* bias = with_bias ? p.bias.data() : nullptr;
+        const auto packed = pack(*be2, p);
+        std::vector<float> all1(big * n), all2(big * n);
+        be1->linear_packed(p.x.data(), packed.data(), DType::kBF16, bias, all1.data(), big, n, k);
+        be2->linear_packed(p.x.data(), packed.data(), DType::kBF16, bias, all2.data(), big, n, k);
+        ASSERT_EQ(0, std::memcmp(all1.data(), all2.data(), all1.size() * 4)) << "1 vs 2 threads, k=" << k;
+        for (int64_t m : {1, 7, 16, 33, 200}) {
+          // The last m rows, so each lands at a different offset in its 16-row tile than in `all`.
+          const int64_t r0 = big - m;
+          std::vector<float> y(m * n);
+          be2->linear_packed(p.x.data() + r0 * k, packed.data(), DType::kBF16, bias, y.data(), m, n, k);
+          EXPECT_EQ(0, std::memcmp(y.data(), all2.data() + r0 * n, y.size() * 4))
+              << "m=" << m << " k=" << k << " bias=" << with_bias << " " << dtype_name(precision);
+        }
       }
-    }
   }
 }
 
@@ -178,30 +179,33 @@ TEST(Amx, LinearRowsBitIdenticalAcrossBatchAndThreads) {
 // not take (inter % 32 != 0) is refused, so the caller runs the three ops.
 TEST(Amx, FusedMlpBitIdenticalToThreeOps) {
   for (int threads : {1, 2})
-  for (DType precision : {DType::kF32, DType::kBF16}) {
-    auto be = amx_backend(threads, precision);
-    SKIP_WITHOUT_AMX(be);
-    for (int64_t hidden : {64, 100, 576, 1000})
-      for (int64_t inter : {32, 96, 1536}) {
-        Problem gu(200, 2 * inter, hidden, static_cast<uint32_t>(hidden * 13 + inter));
-        Problem dn(1, hidden, inter, static_cast<uint32_t>(hidden * 17 + inter));
-        const auto gu_p = pack(*be, gu), dn_p = pack(*be, dn);
-        for (int64_t m : {1, 7, 16, 33, 200}) {
-          std::vector<float> gate_up(m * 2 * inter), act(m * inter), want(m * hidden), got(m * hidden, NAN);
-          be->linear_packed(gu.x.data(), gu_p.data(), DType::kBF16, nullptr, gate_up.data(), m, 2 * inter, hidden);
-          be->silu_mul(gate_up.data(), act.data(), m, inter);
-          be->linear_packed(act.data(), dn_p.data(), DType::kBF16, nullptr, want.data(), m, hidden, inter);
-          ASSERT_TRUE(be->mlp_packed(gu.x.data(), gu_p.data(), dn_p.data(), DType::kBF16, got.data(), m, inter, hidden));
-          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-              << "threads=" << threads << " hidden=" << hidden << " inter=" << inter << " m=" << m << " "
-              << dtype_name(precision);
+    for (DType precision : {DType::kF32, DType::kBF16}) {
+      auto be = amx_backend(threads, precision);
+      SKIP_WITHOUT_AMX(be);
+      for (int64_t hidden : {64, 100, 576, 1000})
+        for (int64_t inter : {32, 96, 1536}) {
+          Problem gu(200, 2 * inter, hidden, static_cast<uint32_t>(hidden * 13 + inter));
+          Problem dn(1, hidden, inter, static_cast<uint32_t>(hidden * 17 + inter));
+          const auto gu_p = pack(*be, gu), dn_p = pack(*be, dn);
+          for (int64_t m : {1, 7, 16, 33, 200}) {
+            std::vector<float> gate_up(m * 2 * inter), act(m * inter), want(m * hidden), got(m * hidden, NAN);
+            be->linear_packed(gu.x.data(), gu_p.data(), DType::kBF16, nullptr, gate_up.data(), m, 2 * inter,
+                              hidden);
+            be->silu_mul(gate_up.data(), act.data(), m, inter);
+            be->linear_packed(act.data(), dn_p.data(), DType::kBF16, nullptr, want.data(), m, hidden, inter);
+            ASSERT_TRUE(be->mlp_packed(gu.x.data(), gu_p.data(), dn_p.data(), DType::kBF16, got.data(), m,
+                                       inter, hidden));
+            EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+                << "threads=" << threads << " hidden=" << hidden << " inter=" << inter << " m=" << m << " "
+                << dtype_name(precision);
+          }
         }
-      }
-    Problem gu(4, 2 * 48, 64, 5), dn(1, 64, 48, 6);
-    const auto gu_p = pack(*be, gu), dn_p = pack(*be, dn);
-    std::vector<float> out(4 * 64);
-    EXPECT_FALSE(be->mlp_packed(gu.x.data(), gu_p.data(), dn_p.data(), DType::kBF16, out.data(), 4, 48, 64));
-  }
+      Problem gu(4, 2 * 48, 64, 5), dn(1, 64, 48, 6);
+      const auto gu_p = pack(*be, gu), dn_p = pack(*be, dn);
+      std::vector<float> out(4 * 64);
+      EXPECT_FALSE(
+          be->mlp_packed(gu.x.data(), gu_p.data(), dn_p.data(), DType::kBF16, out.data(), 4, 48, 64));
+    }
 }
 
 TEST(Amx, DisabledByEnvKeepsRowMajorPath) {

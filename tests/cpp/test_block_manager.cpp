@@ -185,8 +185,8 @@ TEST(BlockManager, ForkSharesBlocksWithRefCounts) {
   EXPECT_EQ(dst.blocks, src.blocks);
   EXPECT_EQ(dst.num_tokens, 6);
   for (int32_t b : src.blocks) EXPECT_EQ(bm.ref_count(b), 2);
-  EXPECT_EQ(bm.num_used_blocks(), 2);   // shared blocks are counted once
-  EXPECT_EQ(bm.used_slots(), 6);        // and so are their slots (KV utilization counts memory)
+  EXPECT_EQ(bm.num_used_blocks(), 2);  // shared blocks are counted once
+  EXPECT_EQ(bm.used_slots(), 6);       // and so are their slots (KV utilization counts memory)
   EXPECT_EQ(bm.allocated_slots(), 8);
   EXPECT_NO_THROW(bm.check_invariants(tables({&src, &dst})));
   // Listing only one of the two sharers is a ref-count violation.

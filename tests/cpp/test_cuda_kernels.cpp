@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -24,10 +24,10 @@ namespace {
 
 namespace ref = ::fantai::cpu::ref;
 
-#define SKIP_WITHOUT_GPU()                                                            \
-  do {                                                                                \
-    const std::string why = device_unavailable_reason();                              \
-    if (!why.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << why;                    \
+#define SKIP_WITHOUT_GPU()                                         \
+  do {                                                             \
+    const std::string why = device_unavailable_reason();           \
+    if (!why.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << why; \
   } while (0)
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
@@ -55,7 +55,9 @@ std::vector<char> encode(const std::vector<float>& v, DType t) {
 // A device buffer that frees itself; filled from and read back to host vectors.
 class Dev {
  public:
-  explicit Dev(size_t bytes) : bytes_(bytes) { FANTAI_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1)) == cudaSuccess, "cudaMalloc"); }
+  explicit Dev(size_t bytes) : bytes_(bytes) {
+    FANTAI_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1)) == cudaSuccess, "cudaMalloc");
+  }
   template <typename T>
   explicit Dev(const std::vector<T>& v) : Dev(v.size() * sizeof(T)) {
     FANTAI_CHECK(cudaMemcpy(p_, v.data(), bytes_, cudaMemcpyHostToDevice) == cudaSuccess, "upload");
@@ -64,10 +66,13 @@ class Dev {
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
   template <typename T = float>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   template <typename T = float>
   std::vector<T> get() const {
-    FANTAI_CHECK(cudaDeviceSynchronize() == cudaSuccess, "kernel failed: " << cudaGetErrorString(cudaGetLastError()));
+    FANTAI_CHECK(cudaDeviceSynchronize() == cudaSuccess,
+                 "kernel failed: " << cudaGetErrorString(cudaGetLastError()));
     std::vector<T> v(bytes_ / sizeof(T));
     FANTAI_CHECK(cudaMemcpy(v.data(), p_, bytes_, cudaMemcpyDeviceToHost) == cudaSuccess, "download");
     return v;
@@ -155,7 +160,8 @@ TEST(CudaKernels, StoreKvEveryDtypeSkipsNegativeSlots) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(dtype_name(t));
     KVLayout L{5, 16, 3, 40, t};
-    const int64_t n = 6, stride = 300, cache_elems = int64_t{L.num_blocks} * L.num_kv_heads * L.block_size * L.head_dim;
+    const int64_t n = 6, stride = 300,
+                  cache_elems = int64_t{L.num_blocks} * L.num_kv_heads * L.block_size * L.head_dim;
     auto k = randn(n * stride, 6), v = randn(n * stride, 7), init = randn(cache_elems, 8);
     std::vector<int64_t> slots{0, 17, -1, 79, 33, 15};
     auto kc = encode(init, t), vc = encode(init, t);
@@ -218,8 +224,8 @@ void check_linear(int64_t m, int64_t n, int64_t k, DType wt, bool with_bias, uin
 
 TEST(CudaKernels, LinearMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const int64_t shapes[][3] = {{1, 1, 1},    {1, 37, 100}, {3, 5, 17},   {8, 33, 576}, {9, 70, 128},
-                               {37, 70, 129}, {67, 19, 31}, {130, 40, 64}, {2, 9, 15},  {65, 129, 1000}};
+  const int64_t shapes[][3] = {{1, 1, 1},     {1, 37, 100}, {3, 5, 17},    {8, 33, 576}, {9, 70, 128},
+                               {37, 70, 129}, {67, 19, 31}, {130, 40, 64}, {2, 9, 15},   {65, 129, 1000}};
   uint32_t seed = 1;
   for (DType wt : {DType::kF32, DType::kBF16, DType::kF16})
     for (const auto& s : shapes)
@@ -230,8 +236,12 @@ TEST(CudaKernels, LinearMatchesReference) {
 TEST(CudaKernels, LinearRowsDoNotDependOnTheBatch) {
   SKIP_WITHOUT_GPU();
   const int64_t n = 200, k = 336;
-  struct Case { DType t; int64_t small, big; };
-  for (Case c : {Case{DType::kF32, 1, 130}, Case{DType::kBF16, 1, kGemvMaxRows}, Case{DType::kBF16, kGemvMaxRows + 1, 130}}) {
+  struct Case {
+    DType t;
+    int64_t small, big;
+  };
+  for (Case c : {Case{DType::kF32, 1, 130}, Case{DType::kBF16, 1, kGemvMaxRows},
+                 Case{DType::kBF16, kGemvMaxRows + 1, 130}}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(c.t) << " " << c.small << " vs " << c.big);
     auto x = randn(c.big * k, 13), wf = randn(n * k, 14), bias = randn(n, 15);
     Dev dx(x), dw(encode(wf, c.t)), db(bias), dbig(c.big * n * 4), dsmall(c.small * n * 4);
@@ -271,10 +281,12 @@ std::pair<std::vector<float>, std::vector<float>> run_attention(const AttnCase& 
   std::vector<int32_t> tables(static_cast<size_t>(seqs) * max_blocks, 0);
   int32_t next = 0;
   for (int s = 0; s < seqs; ++s)
-    for (int b = 0; b < (c.ctx_lens[s] + c.block_size - 1) / c.block_size; ++b) tables[s * max_blocks + b] = perm[next++];
+    for (int b = 0; b < (c.ctx_lens[s] + c.block_size - 1) / c.block_size; ++b)
+      tables[s * max_blocks + b] = perm[next++];
   KVLayout L{pool, c.block_size, c.hkv, c.hd, c.t};
   const size_t cache_elems = static_cast<size_t>(pool) * c.hkv * c.block_size * c.hd;
-  const auto kraw = encode(randn(cache_elems, seed + 1), c.t), vraw = encode(randn(cache_elems, seed + 2), c.t);
+  const auto kraw = encode(randn(cache_elems, seed + 1), c.t),
+             vraw = encode(randn(cache_elems, seed + 2), c.t);
   const int64_t q_stride = (c.hq + 2 * c.hkv) * c.hd + 3;  // a column slice of a wider buffer
   const auto q = randn(static_cast<size_t>(cu.back()) * q_stride, seed + 3);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.hd));
@@ -288,21 +300,23 @@ std::pair<std::vector<float>, std::vector<float>> run_attention(const AttnCase& 
   dp.cu_seqlens_q = dcu.as<int32_t>();
   dp.context_lens = dctx.as<int32_t>();
   dp.block_tables = dtab.as<int32_t>();
-  attention(dq.as(), q_stride, dk.as<void>(), dv.as<void>(), L, dp, c.hq, scale, dout.as(), ws.as<void>(), nullptr);
+  attention(dq.as(), q_stride, dk.as<void>(), dv.as<void>(), L, dp, c.hq, scale, dout.as(), ws.as<void>(),
+            nullptr);
   return {dout.get(), want};
 }
 
 TEST(CudaKernels, AttentionDecodeSinglePassAndSplit) {
   SKIP_WITHOUT_GPU();
   const AttnCase cases[] = {
-      {{1, 1, 1, 1}, {1, 17, 512, 513}, 8, 2, 64, 16, DType::kF32},           // GQA 4, one partition and two
-      {{1, 1}, {1500, 3}, 12, 4, 128, 16, DType::kBF16},                      // three partitions, bf16
-      {{1, 1, 1}, {40, 1100, 7}, 6, 6, 80, 32, DType::kF16},                  // MHA, head_dim 80
-      {{1}, {2049}, 32, 2, 128, 16, DType::kBF16},                            // group 16: two head chunks
+      {{1, 1, 1, 1}, {1, 17, 512, 513}, 8, 2, 64, 16, DType::kF32},  // GQA 4, one partition and two
+      {{1, 1}, {1500, 3}, 12, 4, 128, 16, DType::kBF16},             // three partitions, bf16
+      {{1, 1, 1}, {40, 1100, 7}, 6, 6, 80, 32, DType::kF16},         // MHA, head_dim 80
+      {{1}, {2049}, 32, 2, 128, 16, DType::kBF16},                   // group 16: two head chunks
   };
   uint32_t seed = 100;
   for (const auto& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "hq=" << c.hq << " hkv=" << c.hkv << " hd=" << c.hd << " " << dtype_name(c.t));
+    SCOPED_TRACE(::testing::Message()
+                 << "hq=" << c.hq << " hkv=" << c.hkv << " hd=" << c.hd << " " << dtype_name(c.t));
     auto [got, want] = run_attention(c, seed += 7);
     expect_close(got, want, 1e-4f, 1e-5f, nullptr, "decode attention");
   }
@@ -311,14 +325,15 @@ TEST(CudaKernels, AttentionDecodeSinglePassAndSplit) {
 TEST(CudaKernels, AttentionPrefillWithCachedPrefixAndMixedBatch) {
   SKIP_WITHOUT_GPU();
   const AttnCase cases[] = {
-      {{5}, {5}, 4, 4, 64, 16, DType::kF32},                        // plain prefill
-      {{5, 1, 37}, {5, 40, 100}, 8, 2, 64, 16, DType::kF32},        // prefill + decode + chunk after a prefix
+      {{5}, {5}, 4, 4, 64, 16, DType::kF32},                       // plain prefill
+      {{5, 1, 37}, {5, 40, 100}, 8, 2, 64, 16, DType::kF32},       // prefill + decode + chunk after a prefix
       {{33, 17, 1}, {33, 300, 700}, 6, 2, 128, 16, DType::kBF16},  // two query tiles; decode beside them
-      {{70}, {1100}, 4, 1, 80, 32, DType::kF16},                    // long cached prefix, MQA
+      {{70}, {1100}, 4, 1, 80, 32, DType::kF16},                   // long cached prefix, MQA
   };
   uint32_t seed = 200;
   for (const auto& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "hq=" << c.hq << " hkv=" << c.hkv << " hd=" << c.hd << " " << dtype_name(c.t));
+    SCOPED_TRACE(::testing::Message()
+                 << "hq=" << c.hq << " hkv=" << c.hkv << " hd=" << c.hd << " " << dtype_name(c.t));
     auto [got, want] = run_attention(c, seed += 7);
     expect_close(got, want, 1e-4f, 1e-5f, nullptr, "prefill attention");
   }
@@ -336,12 +351,15 @@ TEST(CudaKernels, AttentionDecodeRowDoesNotDependOnTheBatch) {
   for (int s = 0; s < 5; ++s)
     for (int b = 0; b < nb; ++b) tables[s * nb + b] = (b * 7 + s * 13) % L.num_blocks;
   std::vector<int32_t> cu{0, 1, 2, 3, 4, 5}, ctxs{ctx, 3, 700, 1299, 64};
-  Dev dq(q), dk(kraw), dv(vraw), dcu(cu), dctx(ctxs), dtab(tables), ws(attention_workspace_bytes(5, hq, ctx, hd));
+  Dev dq(q), dk(kraw), dv(vraw), dcu(cu), dctx(ctxs), dtab(tables),
+      ws(attention_workspace_bytes(5, hq, ctx, hd));
   Dev dbatch(5 * hq * hd * 4), dsolo(hq * hd * 4);
   AttentionParams p{5, 5, 1, ctx, dcu.as<int32_t>(), dctx.as<int32_t>(), dtab.as<int32_t>(), nb};
-  attention(dq.as(), hq * hd, dk.as<void>(), dv.as<void>(), L, p, hq, 0.125f, dbatch.as(), ws.as<void>(), nullptr);
+  attention(dq.as(), hq * hd, dk.as<void>(), dv.as<void>(), L, p, hq, 0.125f, dbatch.as(), ws.as<void>(),
+            nullptr);
   AttentionParams p1{1, 1, 1, ctx, dcu.as<int32_t>(), dctx.as<int32_t>(), dtab.as<int32_t>(), nb};
-  attention(dq.as(), hq * hd, dk.as<void>(), dv.as<void>(), L, p1, hq, 0.125f, dsolo.as(), ws.as<void>(), nullptr);
+  attention(dq.as(), hq * hd, dk.as<void>(), dv.as<void>(), L, p1, hq, 0.125f, dsolo.as(), ws.as<void>(),
+            nullptr);
   const auto batch = dbatch.get(), solo = dsolo.get();
   EXPECT_TRUE(bitwise_equal(batch.data(), solo.data(), solo.size()));
 }
@@ -352,11 +370,11 @@ TEST(CudaKernels, ArgmaxMatchesTheCpuRule) {
   SKIP_WITHOUT_GPU();
   const int64_t rows = 4, vocab = 50001;
   auto l = randn(rows * vocab, 21);
-  l[0 * vocab + 777] = 100.f;                                    // clear winner
-  l[1 * vocab + 5] = 50.f, l[1 * vocab + 40000] = 50.f;          // tie: lowest index
-  l[2 * vocab + 3] = std::numeric_limits<float>::quiet_NaN();    // NaN never wins
+  l[0 * vocab + 777] = 100.f;                                  // clear winner
+  l[1 * vocab + 5] = 50.f, l[1 * vocab + 40000] = 50.f;        // tie: lowest index
+  l[2 * vocab + 3] = std::numeric_limits<float>::quiet_NaN();  // NaN never wins
   l[2 * vocab + 9] = 70.f;
-  l[3 * vocab + vocab - 1] = 60.f;                               // last element
+  l[3 * vocab + vocab - 1] = 60.f;  // last element
   Dev dl(l), dout(rows * 4);
   argmax(dl.as(), rows, vocab, dout.as<int32_t>(), nullptr);
   const auto got = dout.get<int32_t>();
@@ -446,7 +464,8 @@ TEST(CudaKernels, TopKTopPDrawFollowsTheReferenceRule) {
       for (float top_p : {1.f, 0.9f, 0.5f}) {
         SCOPED_TRACE(::testing::Message() << "T=" << temp << " k=" << top_k << " p=" << top_p);
         Dev dl(l), du(us), dout(us.size() * 4);
-        sample_top_k_top_p(dl.as(), us.size(), vocab, temp, top_k, top_p, du.as(), dout.as<int32_t>(), nullptr);
+        sample_top_k_top_p(dl.as(), us.size(), vocab, temp, top_k, top_p, du.as(), dout.as<int32_t>(),
+                           nullptr);
         const auto got = dout.get<int32_t>();
         const auto keep = ref_kept(l.data(), vocab, temp, top_k, top_p);
         // Float vs double sums may move the top-p cut by one value: accept a token of the next
@@ -467,13 +486,20 @@ TEST(CudaKernels, TopKTopPDrawFollowsTheReferenceRule) {
 
 // ---- weight-only INT4 / INT8 ------------------------------------------------------------------
 
-struct QuantCase { int bits; int64_t rows, cols; int32_t group; bool zeros, mins, perm; };
+struct QuantCase {
+  int bits;
+  int64_t rows, cols;
+  int32_t group;
+  bool zeros, mins, perm;
+};
 
 TEST(CudaBackend, QuantLinearAndEmbeddingMatchTheDequantizedReference) {
   SKIP_WITHOUT_GPU();
   auto be = create_backend("cuda");
-  const QuantCase cases[] = {{4, 37, 96, 32, true, true, false},  {4, 5, 100, 100, false, false, true},
-                             {8, 70, 64, 16, true, false, true},  {8, 9, 33, 33, false, true, false},
+  const QuantCase cases[] = {{4, 37, 96, 32, true, true, false},
+                             {4, 5, 100, 100, false, false, true},
+                             {8, 70, 64, 16, true, false, true},
+                             {8, 9, 33, 33, false, true, false},
                              {4, 130, 256, 64, true, false, false}};
   std::mt19937 g(40);
   for (const QuantCase& qc : cases) {
@@ -527,7 +553,8 @@ TEST(CudaBackend, QuantLinearAndEmbeddingMatchTheDequantizedReference) {
     Dev di(ids), de(ids.size() * qc.cols * 4);
     be->embedding_q(di.as<int32_t>(), ids.size(), pw, de.as());
     std::vector<float> want_e;
-    for (int32_t id : ids) want_e.insert(want_e.end(), wd.begin() + id * qc.cols, wd.begin() + (id + 1) * qc.cols);
+    for (int32_t id : ids)
+      want_e.insert(want_e.end(), wd.begin() + id * qc.cols, wd.begin() + (id + 1) * qc.cols);
     EXPECT_EQ(de.get(), want_e);
     be->free(mem);
   }

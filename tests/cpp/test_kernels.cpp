@@ -71,7 +71,9 @@ class Kernels : public ::testing::TestWithParam<Isa> {
 
 // ---- linear ------------------------------------------------------------------------------------
 
-struct LinShape { int64_t m, n, k; };
+struct LinShape {
+  int64_t m, n, k;
+};
 
 void check_linear(Backend& b, LinShape s, DType wt, bool with_bias, uint32_t seed) {
   auto x = randn(s.m * s.k, seed), wf = randn(s.n * s.k, seed + 1), bias = randn(s.n, seed + 2);
@@ -93,7 +95,7 @@ void check_linear(Backend& b, LinShape s, DType wt, bool with_bias, uint32_t see
 }
 
 TEST_P(Kernels, LinearMatchesReference) {
-  const LinShape shapes[] = {{1, 1, 1},  {1, 37, 100}, {3, 5, 17},   {5, 33, 576},
+  const LinShape shapes[] = {{1, 1, 1},     {1, 37, 100}, {3, 5, 17},    {5, 33, 576},
                              {37, 70, 129}, {67, 19, 31}, {130, 40, 64}, {2, 9, 15}};
   uint32_t seed = 1;
   for (int threads : {1, 2})
@@ -113,26 +115,26 @@ TEST_P(Kernels, LinearBatchInvariant) {
   // n = 204: with one thread, columns 200..203 sit in a 4-wide register tile in the prefill path
   // but in single-column tiles in the decode path; any epilogue that differs by tile width shows.
   for (int64_t n : {200, 204})
-  for (int64_t M : {37, 130})
-  for (DType wt : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(::testing::Message() << "n=" << n << " M=" << M << " " << dtype_name(wt));
-    auto x = randn(M * k, 7), wf = randn(n * k, 8), bias = randn(n, 9);
-    auto wh = to_half(wf, DType::kBF16);
-    const void* w = wt == DType::kF32 ? static_cast<const void*>(wf.data()) : wh.data();
-    std::vector<float> full(M * n), part(M * n), one(n);
-    be(2)->linear(x.data(), w, wt, bias.data(), full.data(), M, n, k);
-    be(1)->linear(x.data(), w, wt, bias.data(), part.data(), M, n, k);
-    EXPECT_TRUE(bitwise_equal(full.data(), part.data(), full.size())) << "1 vs 2 threads";
-    auto b1 = be(1);
-    for (int64_t r = 0; r < M; ++r) {
-      b1->linear(x.data() + r * k, w, wt, bias.data(), one.data(), 1, n, k);
-      ASSERT_TRUE(bitwise_equal(one.data(), full.data() + r * n, n)) << "row " << r << " m=1 vs m=" << M;
-    }
-    // Rows 5..13 as their own batch (different tile positions for every row).
-    std::vector<float> mid(9 * n);
-    be(2)->linear(x.data() + 5 * k, w, wt, bias.data(), mid.data(), 9, n, k);
-    EXPECT_TRUE(bitwise_equal(mid.data(), full.data() + 5 * n, mid.size())) << "m=9 slice";
-  }
+    for (int64_t M : {37, 130})
+      for (DType wt : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " M=" << M << " " << dtype_name(wt));
+        auto x = randn(M * k, 7), wf = randn(n * k, 8), bias = randn(n, 9);
+        auto wh = to_half(wf, DType::kBF16);
+        const void* w = wt == DType::kF32 ? static_cast<const void*>(wf.data()) : wh.data();
+        std::vector<float> full(M * n), part(M * n), one(n);
+        be(2)->linear(x.data(), w, wt, bias.data(), full.data(), M, n, k);
+        be(1)->linear(x.data(), w, wt, bias.data(), part.data(), M, n, k);
+        EXPECT_TRUE(bitwise_equal(full.data(), part.data(), full.size())) << "1 vs 2 threads";
+        auto b1 = be(1);
+        for (int64_t r = 0; r < M; ++r) {
+          b1->linear(x.data() + r * k, w, wt, bias.data(), one.data(), 1, n, k);
+          ASSERT_TRUE(bitwise_equal(one.data(), full.data() + r * n, n)) << "row " << r << " m=1 vs m=" << M;
+        }
+        // Rows 5..13 as their own batch (different tile positions for every row).
+        std::vector<float> mid(9 * n);
+        be(2)->linear(x.data() + 5 * k, w, wt, bias.data(), mid.data(), 9, n, k);
+        EXPECT_TRUE(bitwise_equal(mid.data(), full.data() + 5 * n, mid.size())) << "m=9 slice";
+      }
 }
 
 // ---- norms, rope, silu, embedding, add ---------------------------------------------------------
@@ -279,21 +281,24 @@ struct AttnFixture {
     tables.assign(ns * max_blocks, -1);
     int next = 0;
     for (int s = 0; s < ns; ++s)
-      for (int b = 0; b < (ctx[s] + c.block_size - 1) / c.block_size; ++b) tables[s * max_blocks + b] = phys[next++];
+      for (int b = 0; b < (ctx[s] + c.block_size - 1) / c.block_size; ++b)
+        tables[s * max_blocks + b] = phys[next++];
     // Fill every sequence's KV with the reference store (one token per slot, plus a skipped one).
     const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
     for (int s = 0; s < ns; ++s) {
       auto k = randn(ctx[s] * row, seed + 100 + s), v = randn(ctx[s] * row, seed + 200 + s);
       std::vector<int64_t> slots(ctx[s]);
       for (int t = 0; t < ctx[s]; ++t)
-        slots[t] = static_cast<int64_t>(tables[s * max_blocks + t / c.block_size]) * c.block_size + t % c.block_size;
+        slots[t] = static_cast<int64_t>(tables[s * max_blocks + t / c.block_size]) * c.block_size +
+                   t % c.block_size;
       ref::store_kv(k.data(), v.data(), row, slots.data(), ctx[s], kc.data(), vc.data(), L);
     }
   }
 
   // The cache row (slot x KV head) of sequence s's key t for KV head g.
   int64_t kv_row(int s, int t, int g) const {
-    return (static_cast<int64_t>(tables[s * max_blocks + t / c.block_size]) * c.num_kv_heads + g) * c.block_size +
+    return (static_cast<int64_t>(tables[s * max_blocks + t / c.block_size]) * c.num_kv_heads + g) *
+               c.block_size +
            t % c.block_size;
   }
 
@@ -380,13 +385,25 @@ TEST_P(Kernels, StoreKvInt8RoundsPerTokenPerHead) {
 }
 
 std::vector<AttnCase> attn_cases() {
-  return {{64, 1, 2, 16, DType::kF32}, {64, 3, 3, 16, DType::kF32}, {32, 4, 2, 8, DType::kF32},
-          {32, 3, 1, 8, DType::kBF16}, {64, 4, 1, 16, DType::kF16}, {40, 1, 1, 8, DType::kF32},
-          {64, 3, 3, 16, DType::kI8},  {80, 4, 2, 8, DType::kI8},   {96, 1, 2, 16, DType::kI8},
-          {64, 4, 1, 8, DType::kI8},   {40, 3, 1, 16, DType::kI8},  {128, 5, 1, 16, DType::kBF16},
-          {17, 5, 2, 5, DType::kF16},  {24, 2, 3, 6, DType::kI8},   {128, 2, 2, 16, DType::kF32},
+  return {{64, 1, 2, 16, DType::kF32},
+          {64, 3, 3, 16, DType::kF32},
+          {32, 4, 2, 8, DType::kF32},
+          {32, 3, 1, 8, DType::kBF16},
+          {64, 4, 1, 16, DType::kF16},
+          {40, 1, 1, 8, DType::kF32},
+          {64, 3, 3, 16, DType::kI8},
+          {80, 4, 2, 8, DType::kI8},
+          {96, 1, 2, 16, DType::kI8},
+          {64, 4, 1, 8, DType::kI8},
+          {40, 3, 1, 16, DType::kI8},
+          {128, 5, 1, 16, DType::kBF16},
+          {17, 5, 2, 5, DType::kF16},
+          {24, 2, 3, 6, DType::kI8},
+          {128, 2, 2, 16, DType::kF32},
           // bf16 layouts the AMX tile kernel takes (head_dim % 32, block_size % 16), where it runs.
-          {64, 3, 3, 16, DType::kBF16}, {64, 1, 2, 32, DType::kBF16}, {96, 4, 1, 16, DType::kBF16},
+          {64, 3, 3, 16, DType::kBF16},
+          {64, 1, 2, 32, DType::kBF16},
+          {96, 4, 1, 16, DType::kBF16},
           {32, 8, 1, 16, DType::kBF16}};
 }
 
@@ -445,18 +462,19 @@ TEST_P(Kernels, Int8AttentionWithinQuantizationBound) {
     const auto* vsc = reinterpret_cast<const float*>(f8.vc.data() + f8.L.scales_offset());
     const auto* vf = reinterpret_cast<const float*>(f32.vc.data());
     const int hd = c.head_dim;
-    const BoundCheck r = attention_within_bound(*be(2), f8, f32, 34,
-                                                [&](int s, int pos, int g, const float* qr, float scale) {
-      double ql1 = 0, E = 0, vmax = 0, vs = 0;
-      for (int d = 0; d < hd; ++d) ql1 += std::fabs(qr[d]);
-      for (int t = 0; t <= pos; ++t) {
-        const int64_t row = f8.kv_row(s, t, g);
-        E = std::max(E, scale * ql1 * ksc[row] / 2);
-        vs = std::max(vs, vsc[row] / 2.0);
-        for (int d = 0; d < hd; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(vf[row * hd + d])));
-      }
-      return std::expm1(2 * E) * vmax + vs + 1e-5;
-    });
+    const BoundCheck r = attention_within_bound(
+        *be(2), f8, f32, 34, [&](int s, int pos, int g, const float* qr, float scale) {
+          double ql1 = 0, E = 0, vmax = 0, vs = 0;
+          for (int d = 0; d < hd; ++d) ql1 += std::fabs(qr[d]);
+          for (int t = 0; t <= pos; ++t) {
+            const int64_t row = f8.kv_row(s, t, g);
+            E = std::max(E, scale * ql1 * ksc[row] / 2);
+            vs = std::max(vs, vsc[row] / 2.0);
+            for (int d = 0; d < hd; ++d)
+              vmax = std::max(vmax, std::fabs(static_cast<double>(vf[row * hd + d])));
+          }
+          return std::expm1(2 * E) * vmax + vs + 1e-5;
+        });
     // The bound is loose but must not be vacuous: quantization does move the outputs.
     EXPECT_GT(r.max_err, 1e-4) << "int8 attention equals f32: was the cache quantized?";
     RecordProperty("worst_error_over_bound", std::to_string(r.worst));
@@ -484,73 +502,80 @@ TEST_P(Kernels, AttentionMatchesReference) {
 TEST_P(Kernels, AttentionBatchInvariant) {
   Batch B;
   for (DType precision : {DType::kF32, DType::kBF16})
-  for (const auto& c : attn_cases()) {
-    if (precision == DType::kBF16 && !be(1, precision)->set_matmul_precision(precision)) break;
-    SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size
-                                      << " matmuls " << dtype_name(precision));
-    AttnFixture f(c, B.ctx, 91);
-    std::vector<int32_t> cu;
-    const auto p = f.params(B.qlen, cu);
-    const int64_t q_stride = static_cast<int64_t>(f.nq_heads) * c.head_dim;
-    const int64_t orow = q_stride;
-    auto q = randn(p.num_tokens * q_stride, 92);
-    const float scale = 0.125f;
-    std::vector<float> full(p.num_tokens * orow), one(full.size());
-    be(2, precision)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, full.data());
-    be(1, precision)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, one.data());
-    EXPECT_TRUE(bitwise_equal(full.data(), one.data(), full.size())) << "1 vs 2 threads";
+    for (const auto& c : attn_cases()) {
+      if (precision == DType::kBF16 && !be(1, precision)->set_matmul_precision(precision)) break;
+      SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group
+                                        << " bs=" << c.block_size << " matmuls " << dtype_name(precision));
+      AttnFixture f(c, B.ctx, 91);
+      std::vector<int32_t> cu;
+      const auto p = f.params(B.qlen, cu);
+      const int64_t q_stride = static_cast<int64_t>(f.nq_heads) * c.head_dim;
+      const int64_t orow = q_stride;
+      auto q = randn(p.num_tokens * q_stride, 92);
+      const float scale = 0.125f;
+      std::vector<float> full(p.num_tokens * orow), one(full.size());
+      be(2, precision)
+          ->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, full.data());
+      be(1, precision)
+          ->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, one.data());
+      EXPECT_TRUE(bitwise_equal(full.data(), one.data(), full.size())) << "1 vs 2 threads";
 
-    // Every query row of sequence 0 (a 20-token prefill) recomputed alone as a decode with the
-    // context cut at its position: must be bitwise the row of the batched call.
-    auto b1 = be(1, precision);
-    for (int j = 0; j < B.qlen[0]; ++j) {
-      std::vector<int32_t> ctx1 = {j + 1};
-      AttentionParams p1 = p;
-      std::vector<int32_t> cu1 = {0, 1};
-      p1.num_seqs = 1;
-      p1.num_tokens = 1;
-      p1.cu_seqlens_q = cu1.data();
-      p1.context_lens = ctx1.data();
-      p1.block_tables = f.tables.data();  // sequence 0's row
-      std::vector<float> o(orow);
-      b1->attention(q.data() + j * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o.data());
-      ASSERT_TRUE(bitwise_equal(o.data(), full.data() + j * orow, orow)) << "prefill row " << j << " as decode";
+      // Every query row of sequence 0 (a 20-token prefill) recomputed alone as a decode with the
+      // context cut at its position: must be bitwise the row of the batched call.
+      auto b1 = be(1, precision);
+      for (int j = 0; j < B.qlen[0]; ++j) {
+        std::vector<int32_t> ctx1 = {j + 1};
+        AttentionParams p1 = p;
+        std::vector<int32_t> cu1 = {0, 1};
+        p1.num_seqs = 1;
+        p1.num_tokens = 1;
+        p1.cu_seqlens_q = cu1.data();
+        p1.context_lens = ctx1.data();
+        p1.block_tables = f.tables.data();  // sequence 0's row
+        std::vector<float> o(orow);
+        b1->attention(q.data() + j * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale,
+                      o.data());
+        ASSERT_TRUE(bitwise_equal(o.data(), full.data() + j * orow, orow))
+            << "prefill row " << j << " as decode";
+      }
+      // Sequence 0 as two prefill chunks (13 then 7 tokens).
+      for (int split : {13, 4}) {
+        std::vector<int32_t> ctx1 = {split};
+        std::vector<int32_t> cu1 = {0, split};
+        AttentionParams p1 = p;
+        p1.num_seqs = 1;
+        p1.num_tokens = split;
+        p1.cu_seqlens_q = cu1.data();
+        p1.context_lens = ctx1.data();
+        std::vector<float> o(split * orow);
+        b1->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o.data());
+        EXPECT_TRUE(bitwise_equal(o.data(), full.data(), o.size())) << "first chunk " << split;
+        std::vector<int32_t> ctx2 = {20};
+        std::vector<int32_t> cu2 = {0, 20 - split};
+        p1.num_tokens = 20 - split;
+        p1.cu_seqlens_q = cu2.data();
+        p1.context_lens = ctx2.data();
+        std::vector<float> o2((20 - split) * orow);
+        b1->attention(q.data() + split * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads,
+                      scale, o2.data());
+        EXPECT_TRUE(bitwise_equal(o2.data(), full.data() + split * orow, o2.size()))
+            << "second chunk " << split;
+      }
+      // The decode of sequence 1 alone equals its row in the mixed batch.
+      {
+        std::vector<int32_t> ctx1 = {B.ctx[1]}, cu1 = {0, 1};
+        AttentionParams p1 = p;
+        p1.num_seqs = 1;
+        p1.num_tokens = 1;
+        p1.cu_seqlens_q = cu1.data();
+        p1.context_lens = ctx1.data();
+        p1.block_tables = f.tables.data() + f.max_blocks;
+        std::vector<float> o(orow);
+        b1->attention(q.data() + cu[1] * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads,
+                      scale, o.data());
+        EXPECT_TRUE(bitwise_equal(o.data(), full.data() + cu[1] * orow, orow)) << "decode alone";
+      }
     }
-    // Sequence 0 as two prefill chunks (13 then 7 tokens).
-    for (int split : {13, 4}) {
-      std::vector<int32_t> ctx1 = {split};
-      std::vector<int32_t> cu1 = {0, split};
-      AttentionParams p1 = p;
-      p1.num_seqs = 1;
-      p1.num_tokens = split;
-      p1.cu_seqlens_q = cu1.data();
-      p1.context_lens = ctx1.data();
-      std::vector<float> o(split * orow);
-      b1->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o.data());
-      EXPECT_TRUE(bitwise_equal(o.data(), full.data(), o.size())) << "first chunk " << split;
-      std::vector<int32_t> ctx2 = {20};
-      std::vector<int32_t> cu2 = {0, 20 - split};
-      p1.num_tokens = 20 - split;
-      p1.cu_seqlens_q = cu2.data();
-      p1.context_lens = ctx2.data();
-      std::vector<float> o2((20 - split) * orow);
-      b1->attention(q.data() + split * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o2.data());
-      EXPECT_TRUE(bitwise_equal(o2.data(), full.data() + split * orow, o2.size())) << "second chunk " << split;
-    }
-    // The decode of sequence 1 alone equals its row in the mixed batch.
-    {
-      std::vector<int32_t> ctx1 = {B.ctx[1]}, cu1 = {0, 1};
-      AttentionParams p1 = p;
-      p1.num_seqs = 1;
-      p1.num_tokens = 1;
-      p1.cu_seqlens_q = cu1.data();
-      p1.context_lens = ctx1.data();
-      p1.block_tables = f.tables.data() + f.max_blocks;
-      std::vector<float> o(orow);
-      b1->attention(q.data() + cu[1] * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads, scale, o.data());
-      EXPECT_TRUE(bitwise_equal(o.data(), full.data() + cu[1] * orow, orow)) << "decode alone";
-    }
-  }
 }
 
 // bf16 matmuls (set_matmul_precision(kBF16), AMX tiles on a bf16 cache): Q and the softmax
@@ -565,26 +590,28 @@ TEST_P(Kernels, AttentionBf16MatmulsWithinRoundingBound) {
   for (const auto& c : attn_cases()) {
     if (c.kv != DType::kBF16 || !amx_attention_supported(c.head_dim, c.block_size)) continue;
     ++ran;
-    SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size);
+    SCOPED_TRACE(::testing::Message()
+                 << "hd=" << c.head_dim << " group=" << c.group << " bs=" << c.block_size);
     AttnFixture f(c, Batch{}.ctx, 71);
     const auto* kb = reinterpret_cast<const uint16_t*>(f.kc.data());
     const auto* vb = reinterpret_cast<const uint16_t*>(f.vc.data());
     const int hd = c.head_dim;
-    const BoundCheck r = attention_within_bound(*be(2, DType::kBF16), f, f, 81,
-                                                [&](int s, int pos, int g, const float* qr, float scale) {
-      double E = 0, vmax = 0;
-      for (int t = 0; t <= pos; ++t) {
-        const int64_t row = f.kv_row(s, t, g);
-        double e = 0;
-        for (int d = 0; d < hd; ++d) {
-          e += std::fabs(qr[d] - bf16_to_f32(f32_to_bf16(qr[d]))) * std::fabs(bf16_to_f32(kb[row * hd + d]));
-          vmax = std::max(vmax, std::fabs(static_cast<double>(bf16_to_f32(vb[row * hd + d]))));
-        }
-        E = std::max(E, scale * e);
-      }
-      return std::expm1(2 * E) * vmax * (1 + std::ldexp(1.0, -9)) +
-             (std::ldexp(1.0, -9) + std::ldexp(1.0, -15)) * vmax + 1e-5;
-    });
+    const BoundCheck r = attention_within_bound(
+        *be(2, DType::kBF16), f, f, 81, [&](int s, int pos, int g, const float* qr, float scale) {
+          double E = 0, vmax = 0;
+          for (int t = 0; t <= pos; ++t) {
+            const int64_t row = f.kv_row(s, t, g);
+            double e = 0;
+            for (int d = 0; d < hd; ++d) {
+              e += std::fabs(qr[d] - bf16_to_f32(f32_to_bf16(qr[d]))) *
+                   std::fabs(bf16_to_f32(kb[row * hd + d]));
+              vmax = std::max(vmax, std::fabs(static_cast<double>(bf16_to_f32(vb[row * hd + d]))));
+            }
+            E = std::max(E, scale * e);
+          }
+          return std::expm1(2 * E) * vmax * (1 + std::ldexp(1.0, -9)) +
+                 (std::ldexp(1.0, -9) + std::ldexp(1.0, -15)) * vmax + 1e-5;
+        });
     EXPECT_GT(r.max_err, 1e-4) << "bf16 matmuls equal f32: were Q and P rounded?";
   }
   EXPECT_GT(ran, 0);
@@ -600,14 +627,16 @@ TEST_P(Kernels, AttentionRejectsBadInput) {
   p = f.params({1}, cu);
   EXPECT_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 3, 1.f, out.data()),
                InvalidArgument);  // 3 query heads cannot share 2 KV heads
-  f.tables[0] = f.L.num_blocks;  // block id past the pool
+  f.tables[0] = f.L.num_blocks;   // block id past the pool
   p = f.params({1}, cu);
   EXPECT_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 4, 1.f, out.data()),
                InvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, Kernels, ::testing::ValuesIn(levels()),
-                         [](const ::testing::TestParamInfo<Isa>& i) { return std::string(isa_name(i.param)); });
+                         [](const ::testing::TestParamInfo<Isa>& i) {
+                           return std::string(isa_name(i.param));
+                         });
 
 // ---- infrastructure ----------------------------------------------------------------------------
 

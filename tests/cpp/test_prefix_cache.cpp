@@ -84,7 +84,7 @@ TEST(PrefixCache, LeastRecentlyUsedIsEvictedFirstAndInUseNever) {
   BlockTable t;
   ASSERT_TRUE(bm.allocate(t, 4));  // 1 clean block + 1 eviction
   EXPECT_EQ(bm.stats().evictions, 1);
-  EXPECT_TRUE(bm.find_cached_prefix(b.data(), 2).empty());   // LRU went first
+  EXPECT_TRUE(bm.find_cached_prefix(b.data(), 2).empty());  // LRU went first
   EXPECT_EQ(bm.find_cached_prefix(a.data(), 2).size(), 1u);
   EXPECT_EQ(bm.find_cached_prefix(c.data(), 2).size(), 1u);
   ASSERT_TRUE(bm.allocate(t, 6));
@@ -104,7 +104,7 @@ TEST(PrefixCache, CopyOnWriteOnlyForASharedPartialBlock) {
   ASSERT_GE(cow.first, 0);
   EXPECT_EQ(cow.first, parent.blocks[1]);
   EXPECT_EQ(child.blocks[1], cow.second);
-  EXPECT_EQ(child.blocks[0], parent.blocks[0]);  // the full block stays shared
+  EXPECT_EQ(child.blocks[0], parent.blocks[0]);      // the full block stays shared
   EXPECT_EQ(bm.copy_on_write(parent, 6).first, -1);  // parent is alone in its block now
   EXPECT_EQ(bm.stats().copy_on_writes, 1);
   EXPECT_NO_THROW(bm.check_invariants({&parent, &child}));
@@ -136,7 +136,10 @@ TEST(PrefixCache, RandomizedKeepsInvariantsAndServesOnlyExactContent) {
     std::mt19937_64 rng(seed);
     const int32_t bs = 1 + static_cast<int32_t>(rng() % 4);
     BlockManager bm(4 + static_cast<int32_t>(rng() % 24), bs, true);
-    struct Seq { BlockTable t; std::vector<int32_t> tokens; };
+    struct Seq {
+      BlockTable t;
+      std::vector<int32_t> tokens;
+    };
     std::vector<std::unique_ptr<Seq>> live;
     std::map<int32_t, std::vector<int32_t>> content;  // block -> tokens its KV holds
     for (int step = 0; step < 1500; ++step) {

@@ -92,9 +92,9 @@ Packed pack(const QuantTensor& t) {
 }
 
 const Spec kSpecs[] = {
-    {4, 32, false, false, false}, {4, 32, false, true, false}, {4, 32, true, false, true},
+    {4, 32, false, false, false}, {4, 32, false, true, false},  {4, 32, true, false, true},
     {4, 128, true, false, false}, {8, 32, false, false, false}, {8, 16, false, true, true},
-    {8, 0, false, false, false},  {8, 64, true, true, false},  {4, 0, true, false, false},
+    {8, 0, false, false, false},  {8, 64, true, true, false},   {4, 0, true, false, false},
 };
 
 class QuantKernels : public ::testing::TestWithParam<Isa> {};
@@ -268,21 +268,21 @@ void round_scales_to_half(QuantTensor* t) {
 TEST(QuantPanel, DequantRowIsExact) {
   uint32_t seed = 900;
   for (bool half : {false, true})
-  for (const Spec& s : kSpecs)
-    for (int64_t rows : {5, 16, 37}) {
-      QuantTensor t = random_quant(rows, 100, s, seed++);
-      if (half) round_scales_to_half(&t);
-      const Packed p = pack_panel(t);
-      ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
-      QuantTensor stored = t;
-      stored.perm.clear();
-      std::vector<float> want(rows * 100), got(100);
-      cpu::ref::dequantize(stored.view(), want.data());
-      for (int64_t r = 0; r < rows; ++r) {
-        cpu::panel_dequant_row(p.w, r, got.data());
-        ASSERT_EQ(0, std::memcmp(got.data(), want.data() + r * 100, 400)) << "row " << r;
+    for (const Spec& s : kSpecs)
+      for (int64_t rows : {5, 16, 37}) {
+        QuantTensor t = random_quant(rows, 100, s, seed++);
+        if (half) round_scales_to_half(&t);
+        const Packed p = pack_panel(t);
+        ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
+        QuantTensor stored = t;
+        stored.perm.clear();
+        std::vector<float> want(rows * 100), got(100);
+        cpu::ref::dequantize(stored.view(), want.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          cpu::panel_dequant_row(p.w, r, got.data());
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data() + r * 100, 400)) << "row " << r;
+        }
       }
-    }
 }
 
 TEST(QuantPanel, HalfScalesKeepTheFileSize) {
@@ -295,9 +295,10 @@ TEST(QuantPanel, HalfScalesKeepTheFileSize) {
 TEST(QuantPanel, HalfLayoutOnlyWhenEveryScaleIsAnF16Value) {
   // The packer decides from the scale's bits; each value is set as the first scale of a matrix
   // whose other scales are ordinary f16 values, and the layout must follow the f16 round trip.
-  const float values[] = {0.5f, -0.f, 65504.f, 65520.f, 1.f + 0x1p-10f, 1.f + 0x1p-11f, 0x1p-14f,
-                          0x1p-20f, 3 * 0x1p-24f, 0x1p-24f, 0x1p-25f, 5 * 0x1p-25f, 0x1p-126f,
-                          std::ldexp(1.f, -140), INFINITY};
+  const float values[] = {
+      0.5f,     -0.f,         65504.f,  65520.f,  1.f + 0x1p-10f, 1.f + 0x1p-11f, 0x1p-14f,
+      0x1p-20f, 3 * 0x1p-24f, 0x1p-24f, 0x1p-25f, 5 * 0x1p-25f,   0x1p-126f,      std::ldexp(1.f, -140),
+      INFINITY};
   for (float v : values) {
     QuantTensor t = random_quant(16, 64, {4, 32, false, true, false}, 77);
     round_scales_to_half(&t);
@@ -331,10 +332,10 @@ TEST_P(PanelKernels, QuantizerIsBitEqualToTheReference) {
     for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 576, 1000, 1536}) {
       const int64_t m = 5, nb = (k + block - 1) / block, ld = nb * block;
       std::vector<float> x = randn(static_cast<size_t>(m * k), static_cast<uint32_t>(k * block));
-      for (int64_t i = 0; i < k; ++i) x[i] = 0.f;                            // an all-zero row
+      for (int64_t i = 0; i < k; ++i) x[i] = 0.f;  // an all-zero row
       for (int64_t i = 0; i < k; ++i) x[k + i] = static_cast<float>(i % 9) - 4.f + (i % 2 ? 0.5f : 0.f);
-      x[k] = 127.f;                                                          // ties at .5 steps
-      for (int64_t i = 0; i < k; ++i) x[2 * k + i] *= 1e30f;                 // huge values
+      x[k] = 127.f;                                           // ties at .5 steps
+      for (int64_t i = 0; i < k; ++i) x[2 * k + i] *= 1e30f;  // huge values
       std::vector<int8_t> q0(m * ld, 99), q1(m * ld, -99);
       std::vector<float> d0(m * nb), d1(m * nb);
       std::vector<int32_t> s0(m * nb), s1(m * nb);
@@ -388,8 +389,8 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
             const std::vector<float> bias = randn(n, seed++);
             const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
             std::ostringstream what;
-            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " group " << s.group << " half " << half
-                 << " extreme " << extreme << " m " << m << " k " << k;
+            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " group " << s.group << " half "
+                 << half << " extreme " << extreme << " m " << m << " k " << k;
             for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
               expect_panel_equal(fn, ref, xq, p, b, m, n, what.str());
           }
@@ -399,42 +400,42 @@ TEST_P(PanelKernels, BackendLinearMatchesInt8Reference) {
   auto be = cpu::make_cpu_backend(GetParam(), 2);
   uint32_t seed = 1000;
   for (bool half : {false, true})
-  for (const Spec& s : kSpecs)
-    for (int64_t m : {1, 3, 17, 64})
-      for (int64_t k : {40, 100, 257}) {
-        const int64_t n = 37;
-        QuantTensor t = random_quant(n, k, s, seed++);
-        if (half) round_scales_to_half(&t);
-        const Packed p = pack_panel(t);
-        ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
-        const std::vector<float> x = randn(m * k, seed++);
-        const std::vector<float> bias = randn(n, seed++);
-        std::vector<float> xg = x;
-        if (!t.perm.empty())
+    for (const Spec& s : kSpecs)
+      for (int64_t m : {1, 3, 17, 64})
+        for (int64_t k : {40, 100, 257}) {
+          const int64_t n = 37;
+          QuantTensor t = random_quant(n, k, s, seed++);
+          if (half) round_scales_to_half(&t);
+          const Packed p = pack_panel(t);
+          ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
+          const std::vector<float> x = randn(m * k, seed++);
+          const std::vector<float> bias = randn(n, seed++);
+          std::vector<float> xg = x;
+          if (!t.perm.empty())
+            for (int64_t r = 0; r < m; ++r)
+              for (int64_t c = 0; c < k; ++c) xg[r * k + c] = x[r * k + t.perm[c]];
+          const XQ xq = quantize_x(xg.data(), m, k, cpu::xq_block(p.w));
+          QuantTensor stored = t;
+          stored.perm.clear();
+          std::vector<float> got(m * n), want(m * n), exact(m * n), wd(n * k);
+          be->linear_q(x.data(), p.w, bias.data(), got.data(), m, n);
+          cpu::ref::linear_q_int8x(xq.rows, stored.view(), bias.data(), want.data(), m, n);
+          cpu::ref::linear_q(x.data(), t.view(), bias.data(), exact.data(), m, n);
+          cpu::ref::dequantize(stored.view(), wd.data());
+          double rel = 0, norm = 0;
           for (int64_t r = 0; r < m; ++r)
-            for (int64_t c = 0; c < k; ++c) xg[r * k + c] = x[r * k + t.perm[c]];
-        const XQ xq = quantize_x(xg.data(), m, k, cpu::xq_block(p.w));
-        QuantTensor stored = t;
-        stored.perm.clear();
-        std::vector<float> got(m * n), want(m * n), exact(m * n), wd(n * k);
-        be->linear_q(x.data(), p.w, bias.data(), got.data(), m, n);
-        cpu::ref::linear_q_int8x(xq.rows, stored.view(), bias.data(), want.data(), m, n);
-        cpu::ref::linear_q(x.data(), t.view(), bias.data(), exact.data(), m, n);
-        cpu::ref::dequantize(stored.view(), wd.data());
-        double rel = 0, norm = 0;
-        for (int64_t r = 0; r < m; ++r)
-          for (int64_t j = 0; j < n; ++j) {
-            double mag = 0;
-            for (int64_t c = 0; c < k; ++c) mag += std::fabs(xg[r * k + c] * wd[j * k + c]);
-            ASSERT_NEAR(got[r * n + j], want[r * n + j], 4e-7 * k * mag + 1e-5)
-                << "bits " << s.bits << " group " << s.group << " m " << m << " k " << k;
-            rel += std::fabs(got[r * n + j] - exact[r * n + j]) / (mag + 1e-6);
-            norm += 1;
-          }
-        // int8 activations: the error against exact activations stays at the per-block rounding
-        // level (half a step of 1/127 of the block max, relative to sum |x||w|).
-        EXPECT_LT(rel / norm, 4e-3) << "bits " << s.bits << " group " << s.group;
-      }
+            for (int64_t j = 0; j < n; ++j) {
+              double mag = 0;
+              for (int64_t c = 0; c < k; ++c) mag += std::fabs(xg[r * k + c] * wd[j * k + c]);
+              ASSERT_NEAR(got[r * n + j], want[r * n + j], 4e-7 * k * mag + 1e-5)
+                  << "bits " << s.bits << " group " << s.group << " m " << m << " k " << k;
+              rel += std::fabs(got[r * n + j] - exact[r * n + j]) / (mag + 1e-6);
+              norm += 1;
+            }
+          // int8 activations: the error against exact activations stays at the per-block rounding
+          // level (half a step of 1/127 of the block max, relative to sum |x||w|).
+          EXPECT_LT(rel / norm, 4e-3) << "bits " << s.bits << " group " << s.group;
+        }
 }
 
 TEST_P(PanelKernels, BackendLinearIsBatchAndThreadInvariant) {
@@ -585,7 +586,8 @@ TEST(Gguf, Q4_KAndQ5_K) {
       for (int l = 0; l < 32; ++l) {
         qs[32 * p + l] = static_cast<uint8_t>((q[64 * p + l] & 15) | ((q[64 * p + 32 + l] & 15) << 4));
         if (q5) {
-          b[16 + l] |= static_cast<uint8_t>(((q[64 * p + l] >> 4) << (2 * p)) | ((q[64 * p + 32 + l] >> 4) << (2 * p + 1)));
+          b[16 + l] |= static_cast<uint8_t>(((q[64 * p + l] >> 4) << (2 * p)) |
+                                            ((q[64 * p + 32 + l] >> 4) << (2 * p + 1)));
         }
       }
     const auto y = decode(b, type, 1, 256);
@@ -609,7 +611,8 @@ TEST(Gguf, Q6_K) {
       const int* Q = q.data() + 128 * n;
       b[64 * n + l] = static_cast<uint8_t>((Q[l] & 15) | ((Q[l + 64] & 15) << 4));
       b[64 * n + l + 32] = static_cast<uint8_t>((Q[l + 32] & 15) | ((Q[l + 96] & 15) << 4));
-      b[128 + 32 * n + l] = static_cast<uint8_t>((Q[l] >> 4) | ((Q[l + 32] >> 4) << 2) | ((Q[l + 64] >> 4) << 4) | ((Q[l + 96] >> 4) << 6));
+      b[128 + 32 * n + l] = static_cast<uint8_t>((Q[l] >> 4) | ((Q[l + 32] >> 4) << 2) |
+                                                 ((Q[l + 64] >> 4) << 4) | ((Q[l + 96] >> 4) << 6));
     }
   std::memcpy(b.data() + 192, sc, 16);
   const float d = 0.0078125f;
@@ -658,7 +661,8 @@ TEST(Gguf, Q2_K) {
   for (int s = 0; s < 16; ++s) b[s] = static_cast<uint8_t>(((15 - s) << 4) | ((s * 7) % 16));
   for (int n = 0; n < 2; ++n)
     for (int t = 0; t < 4; ++t)
-      for (int l = 0; l < 32; ++l) b[16 + 32 * n + l] |= static_cast<uint8_t>(q[128 * n + 32 * t + l] << (2 * t));
+      for (int l = 0; l < 32; ++l)
+        b[16 + 32 * n + l] |= static_cast<uint8_t>(q[128 * n + 32 * t + l] << (2 * t));
   const float d = 0.046875f, dmin = 0.0234375f;
   put_half(b, 80, d);
   put_half(b, 82, dmin);
@@ -718,7 +722,8 @@ TEST(Gguf, IQ4_XS) {
   b[2] = static_cast<uint8_t>(sh & 0xFF);
   b[3] = static_cast<uint8_t>(sh >> 8);
   for (int j = 0; j < 8; ++j)
-    for (int l = 0; l < 16; ++l) b[8 + 16 * j + l] = static_cast<uint8_t>(idx[32 * j + l] | (idx[32 * j + 16 + l] << 4));
+    for (int l = 0; l < 16; ++l)
+      b[8 + 16 * j + l] = static_cast<uint8_t>(idx[32 * j + l] | (idx[32 * j + 16 + l] << 4));
   const float d = 0.0029296875f;
   put_half(b, 0, d);
   const auto y = decode(b, model::kGgmlIQ4_XS, 1, 256);
@@ -728,11 +733,14 @@ TEST(Gguf, IQ4_XS) {
 
 // Random bytes of a [rows, cols] tensor with its f16 fields set to finite values of either sign.
 std::vector<uint8_t> random_gguf_blocks(int type, int64_t rows, int64_t cols, uint32_t seed) {
-  struct Layout { int elems, bytes; std::vector<int> halves; };
-  const Layout l = type == model::kGgmlQ5_0    ? Layout{32, 22, {0}}
-                   : type == model::kGgmlQ5_1  ? Layout{32, 24, {0, 2}}
-                   : type == model::kGgmlQ2_K  ? Layout{256, 84, {80, 82}}
-                   : type == model::kGgmlQ3_K  ? Layout{256, 110, {108}}
+  struct Layout {
+    int elems, bytes;
+    std::vector<int> halves;
+  };
+  const Layout l = type == model::kGgmlQ5_0     ? Layout{32, 22, {0}}
+                   : type == model::kGgmlQ5_1   ? Layout{32, 24, {0, 2}}
+                   : type == model::kGgmlQ2_K   ? Layout{256, 84, {80, 82}}
+                   : type == model::kGgmlQ3_K   ? Layout{256, 110, {108}}
                    : type == model::kGgmlIQ4_NL ? Layout{32, 18, {0}}
                                                 : Layout{256, 136, {0}};  // IQ4_XS
   std::mt19937 g(seed);
@@ -742,7 +750,8 @@ std::vector<uint8_t> random_gguf_blocks(int type, int64_t rows, int64_t cols, ui
   std::vector<uint8_t> b(static_cast<size_t>(nb * l.bytes));
   for (auto& v : b) v = static_cast<uint8_t>(byte(g));
   for (int64_t i = 0; i < nb; ++i)
-    for (int at : l.halves) put_half(b, static_cast<size_t>(i * l.bytes + at), (byte(g) & 1 ? 1.f : -1.f) * mag(g));
+    for (int at : l.halves)
+      put_half(b, static_cast<size_t>(i * l.bytes + at), (byte(g) & 1 ? 1.f : -1.f) * mag(g));
   return b;
 }
 
@@ -751,9 +760,11 @@ std::vector<uint8_t> random_gguf_blocks(int type, int64_t rows, int64_t cols, ui
 // bit for bit; the default one (int8 activations where the CPU has VNNI) stays within the
 // activation rounding, max|x| / 254 per 32-column block, times sum |w|.
 TEST(Gguf, NewTypesRunOnTheQuantizedKernels) {
-  struct Want { int type, bits, group; };
-  const Want types[] = {{model::kGgmlQ5_0, 8, 32},  {model::kGgmlQ5_1, 8, 32},  {model::kGgmlQ2_K, 4, 16},
-                        {model::kGgmlQ3_K, 4, 16},  {model::kGgmlIQ4_NL, 8, 32}, {model::kGgmlIQ4_XS, 8, 32}};
+  struct Want {
+    int type, bits, group;
+  };
+  const Want types[] = {{model::kGgmlQ5_0, 8, 32}, {model::kGgmlQ5_1, 8, 32},   {model::kGgmlQ2_K, 4, 16},
+                        {model::kGgmlQ3_K, 4, 16}, {model::kGgmlIQ4_NL, 8, 32}, {model::kGgmlIQ4_XS, 8, 32}};
   const int64_t n = 21, k = 512, m = 5;
   setenv("FANTAI_QUANT_KERNEL", "f32", 1);
   auto exact = cpu::make_cpu_backend(cpu::detected_isa(), 2);
@@ -794,7 +805,8 @@ TEST(Gguf, NewTypesRunOnTheQuantizedKernels) {
             }
             bound += amax / 254 * wsum;
           }
-          ASSERT_NEAR(got[r * n + j], ref, 1.01 * bound + 1e-5 * mag) << t.format << " at (" << r << ", " << j << ")";
+          ASSERT_NEAR(got[r * n + j], ref, 1.01 * bound + 1e-5 * mag)
+              << t.format << " at (" << r << ", " << j << ")";
         }
     }
   }
@@ -810,21 +822,29 @@ TEST(Gguf, RowPermAndBadInput) {
   std::vector<float> out(3 * 32);
   model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ8_0, 3, 32, perm, out.data());
   for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r * 32 + 5], 5.f * (perm[r] + 1));
-  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size() - 1, model::kGgmlQ8_0, 3, 32, nullptr, out.data()), InvalidArgument);
-  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), 15 /* Q8_K */, 3, 32, nullptr, out.data()), InvalidArgument);
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size() - 1, model::kGgmlQ8_0, 3, 32, nullptr, out.data()),
+               InvalidArgument);
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), 15 /* Q8_K */, 3, 32, nullptr, out.data()),
+               InvalidArgument);
   // A whole Q5_0 block's bytes per row of Q8_0 are the wrong size for Q5_0: rejected, not read.
-  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ5_0, 3, 32, nullptr, out.data()), InvalidArgument);
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ5_0, 3, 32, nullptr, out.data()),
+               InvalidArgument);
   for (int type : {model::kGgmlQ5_0, model::kGgmlQ5_1, model::kGgmlQ2_K, model::kGgmlQ3_K, model::kGgmlIQ4_NL,
                    model::kGgmlIQ4_XS}) {
-    const int64_t cols = type == model::kGgmlQ2_K || type == model::kGgmlQ3_K || type == model::kGgmlIQ4_XS ? 256 : 32;
+    const int64_t cols = type == model::kGgmlQ2_K || type == model::kGgmlQ3_K || type == model::kGgmlIQ4_XS
+                             ? 256
+                             : 32;
     const std::vector<uint8_t> raw = random_gguf_blocks(type, 2, cols, 1);
     std::vector<float> y(2 * cols);
     EXPECT_NO_THROW(model::ggml_to_f32(raw.data(), raw.size(), type, 2, cols, nullptr, y.data())) << type;
-    EXPECT_THROW(model::ggml_to_f32(raw.data(), raw.size() - 1, type, 2, cols, nullptr, y.data()), InvalidArgument);
+    EXPECT_THROW(model::ggml_to_f32(raw.data(), raw.size() - 1, type, 2, cols, nullptr, y.data()),
+                 InvalidArgument);
     EXPECT_THROW(model::ggml_decode(raw.data(), raw.size() / 2, type, 2, cols), InvalidArgument);
-    EXPECT_THROW(model::ggml_decode(raw.data(), raw.size(), type, 1, cols + 16), InvalidArgument);  // partial block
+    EXPECT_THROW(model::ggml_decode(raw.data(), raw.size(), type, 1, cols + 16),
+                 InvalidArgument);  // partial block
   }
-  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ8_0, 3, 33, nullptr, out.data()), InvalidArgument);
+  EXPECT_THROW(model::ggml_to_f32(b.data(), b.size(), model::kGgmlQ8_0, 3, 33, nullptr, out.data()),
+               InvalidArgument);
 }
 
 // ---- round to nearest --------------------------------------------------------------------------
@@ -833,7 +853,7 @@ TEST(Rtn, SymmetricHandExample) {
   const float w[8] = {0.5f, -1.f, 0.25f, 7.f, 0.f, 0.f, 0.f, 0.f};
   const QuantTensor t = model::quantize_rtn(w, 2, 4, 4, 4, true);
   EXPECT_EQ(t.scale[0], 1.f);
-  EXPECT_EQ(t.scale[1], 1.f);  // all-zero row: s = 1
+  EXPECT_EQ(t.scale[1], 1.f);                         // all-zero row: s = 1
   const uint8_t want[8] = {8, 7, 8, 15, 8, 8, 8, 8};  // rint(0.5) = 0: half to even
   for (int i = 0; i < 8; ++i) EXPECT_EQ(t.q[i], want[i]) << i;
   EXPECT_EQ(t.zero[0], 8);

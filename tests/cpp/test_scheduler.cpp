@@ -275,10 +275,10 @@ TEST(Scheduler, MaxNumSeqsCapsTheRunningSet) {
 
 TEST(Scheduler, FcfsNeverSkipsAheadOfABlockedHead) {
   Harness h(4, 4, config(8, 64));
-  Request* a = h.add(8, 20);   // 2 blocks
+  Request* a = h.add(8, 20);  // 2 blocks
   h.step();
-  Request* b = h.add(12, 1);   // 3 blocks: does not fit next to a
-  Request* c = h.add(1, 1);    // would fit, but must not overtake b
+  Request* b = h.add(12, 1);  // 3 blocks: does not fit next to a
+  Request* c = h.add(1, 1);   // would fit, but must not overtake b
   ScheduledBatch batch = h.step();
   EXPECT_EQ(batch.seqs.size(), 1u);
   EXPECT_EQ(b->status, RequestStatus::kWaiting);
@@ -389,8 +389,8 @@ TEST(Scheduler, NoAdmissionInAStepThatPreempted) {
   Harness h(3, 2, config(8, 2));
   Request* a = h.add(1, 5);
   Request* b = h.add(4, 3);  // 4 + 3 - 1 = 6 slots: the whole pool
-  h.step();  // a [0,1), b [0,1)
-  h.step();  // a [1,2), b [1,2): one block each, one free
+  h.step();                  // a [0,1), b [0,1)
+  h.step();                  // a [1,2), b [1,2): one block each, one free
   // a takes the free block; b needs one too and is the back of running: it preempts itself. Its
   // one freed block would hold its next 1-token chunk, but re-admitting it in the same step
   // would only thrash.
@@ -586,12 +586,14 @@ class SchedulerFuzz {
 
  private:
   template <size_t N>
-  int32_t pick(const int32_t (&a)[N]) { return a[rng_() % N]; }
+  int32_t pick(const int32_t (&a)[N]) {
+    return a[rng_() % N];
+  }
   bool chance(int percent) { return static_cast<int>(rng_() % 100) < percent; }
   std::string where() const {
     return "seed " + std::to_string(seed_) + " blocks " + std::to_string(bm_->num_blocks()) + "x" +
-           std::to_string(bm_->block_size()) + " seqs " + std::to_string(cfg_.max_num_seqs) +
-           " budget " + std::to_string(cfg_.max_num_batched_tokens) + ": ";
+           std::to_string(bm_->block_size()) + " seqs " + std::to_string(cfg_.max_num_seqs) + " budget " +
+           std::to_string(cfg_.max_num_batched_tokens) + ": ";
   }
 
   void step() {
@@ -606,8 +608,7 @@ class SchedulerFuzz {
 
     ScheduledBatch batch = sched_->schedule();
     if (had_work) {
-      ASSERT_TRUE(!batch.seqs.empty() || !batch.preempted.empty() ||
-                  !batch.finished_out_of_blocks.empty())
+      ASSERT_TRUE(!batch.seqs.empty() || !batch.preempted.empty() || !batch.finished_out_of_blocks.empty())
           << where() << "no progress";
     }
     check_batch(batch);
@@ -798,11 +799,12 @@ TEST(SchedulerRandomized, InvariantsHoldAcrossManyConfigs) {
   EXPECT_GT(sum.aborts, 100);
   EXPECT_GT(sum.stops, 10);
   EXPECT_GT(sum.chunked, 100);
-  std::printf("randomized: %lld steps, %lld preemptions, %lld out of blocks, %lld aborts, %lld stops, "
-              "%lld split prefills\n",
-              static_cast<long long>(total_steps), static_cast<long long>(sum.preemptions),
-              static_cast<long long>(sum.out_of_blocks), static_cast<long long>(sum.aborts),
-              static_cast<long long>(sum.stops), static_cast<long long>(sum.chunked));
+  std::printf(
+      "randomized: %lld steps, %lld preemptions, %lld out of blocks, %lld aborts, %lld stops, "
+      "%lld split prefills\n",
+      static_cast<long long>(total_steps), static_cast<long long>(sum.preemptions),
+      static_cast<long long>(sum.out_of_blocks), static_cast<long long>(sum.aborts),
+      static_cast<long long>(sum.stops), static_cast<long long>(sum.chunked));
 }
 
 }  // namespace

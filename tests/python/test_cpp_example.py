@@ -15,19 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
-def _missing_toolchain() -> str | None:
-    if shutil.which("cmake") is None:
-        return "cmake is not installed"
-    if not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")):
-        return "no C++ compiler (c++, g++ or clang++) found"
-    return None
-
-
 @pytest.fixture(scope="module")
 def generate_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    reason = _missing_toolchain()
-    if reason:
-        pytest.skip(reason)
+    # cmake and g++ are set-up requirements (make system-deps), so a missing one fails here.
     build = tmp_path_factory.mktemp("examples-build")
     # Ninja when present (faster, as the README shows); the default generator otherwise.
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []

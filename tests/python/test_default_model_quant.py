@@ -10,10 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from fantai import _C, LLM, SamplingParams
-
-pytestmark = pytest.mark.skipif(not hasattr(_C.Model, "set_tensor_ggml"),
-                                reason="this core has no quantized weights (the C++ half lands on branch qcore)")
+from fantai import LLM, SamplingParams
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
            "List three prime numbers greater than 10 and explain why they are prime."]

@@ -69,6 +69,10 @@ def summarize(records: list[RequestRecord], duration: float) -> dict[str, Any]:
         "itl_ms": distribution_ms([g for r in ok for g in r.itl]),
         "e2el_ms": distribution_ms([r.e2el for r in ok]),
         "errors": sorted({r.error for r in records if not r.ok})[:5],
+        # Per-request extremes, so a caller can tell every request got exactly what it asked for
+        # (equal totals could hide one short and one long reply).
+        "min_output_tokens": min((r.output_tokens for r in ok), default=0),
+        "max_output_tokens": max((r.output_tokens for r in ok), default=0),
     }
 
 

@@ -24,7 +24,7 @@ constexpr int kMaxHeadDim = 256;
 // Head dims per lane (DPL) is a template parameter, 2, 4 or 8 (head_dim up to 64, 128, 256), so
 // registers hold only what the head needs.
 constexpr int kTokensPerLoad = 4;  // decode: K/V rows a warp loads before using any of them
-constexpr int kMaxGroup = 8;  // query heads one decode block serves
+constexpr int kMaxGroup = 8;       // query heads one decode block serves
 constexpr int kDecodeWarps = 4;
 constexpr int kPrefillRows = 16, kPrefillWarps = 4, kRowsPerWarp = kPrefillRows / kPrefillWarps;
 constexpr int kChunk = 32;
@@ -44,8 +44,8 @@ struct DecodeArgs {
 };
 
 template <typename T, int DPL>
-__global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(DecodeArgs a, const T* __restrict__ kc,
-                                                                   const T* __restrict__ vc) {
+__global__ void __launch_bounds__(kDecodeWarps * 32)
+    decode_kernel(DecodeArgs a, const T* __restrict__ kc, const T* __restrict__ vc) {
   const int s = blockIdx.z;
   const int q_row = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_row != 1) return;  // prefill_kernel's sequence
@@ -85,7 +85,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(DecodeArgs a,
     for (int u = 0; u < kTokensPerLoad; ++u) {
       const int t = t0 + u;
       const int64_t row = t < end ? ((static_cast<int64_t>(table[t / a.block_size]) * a.num_kv_heads + kvh) *
-                                         a.block_size + t % a.block_size) * hd
+                                         a.block_size +
+                                     t % a.block_size) *
+                                        hd
                                   : 0;
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
@@ -176,8 +178,8 @@ __global__ void decode_reduce_kernel(DecodeArgs a) {
 }
 
 template <typename T, int DPL>
-__global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs a, const T* __restrict__ kc,
-                                                                     const T* __restrict__ vc) {
+__global__ void __launch_bounds__(kPrefillWarps * 32)
+    prefill_kernel(DecodeArgs a, const T* __restrict__ kc, const T* __restrict__ vc) {
   extern __shared__ float smem[];
   const int s = blockIdx.z, h = blockIdx.y;
   const int q0 = a.cu_seqlens_q[s], qlen = a.cu_seqlens_q[s + 1] - q0;
@@ -187,9 +189,9 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs 
   const int hd = a.head_dim, kvh = h / a.group, ctx = a.context_lens[s];
   const int rows = min(kPrefillRows, qlen - r0);
   const int max_pos = ctx - qlen + r0 + rows - 1;
-  float* qs = smem;                         // [kPrefillRows][hd], scaled
-  float* ks = qs + kPrefillRows * hd;       // [kChunk][hd + 1]: lane j reads row j, no bank clash
-  float* vs = ks + kChunk * (hd + 1);       // [kChunk][hd]
+  float* qs = smem;                    // [kPrefillRows][hd], scaled
+  float* ks = qs + kPrefillRows * hd;  // [kChunk][hd + 1]: lane j reads row j, no bank clash
+  float* vs = ks + kChunk * (hd + 1);  // [kChunk][hd]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < kPrefillRows * hd; i += blockDim.x) {
     const int r = i / hd, d = i % hd;
@@ -210,8 +212,10 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(DecodeArgs 
       const int t = i / hd, d = i % hd, pos = c0 + t;
       float kv = 0.f, vv = 0.f;
       if (pos <= max_pos) {
-        const int64_t row = ((static_cast<int64_t>(table[pos / a.block_size]) * a.num_kv_heads + kvh) * a.block_size +
-                             pos % a.block_size) * hd;
+        const int64_t row = ((static_cast<int64_t>(table[pos / a.block_size]) * a.num_kv_heads + kvh) *
+                                 a.block_size +
+                             pos % a.block_size) *
+                            hd;
         kv = to_f32(kc[row + d]);
         vv = to_f32(vc[row + d]);
       }
@@ -285,7 +289,8 @@ void launch_attention(const DecodeArgs& a, const AttentionParams& p, const KVLay
   if (p.max_query_len > 1) {
     const int smem = (kPrefillRows * L.head_dim + kChunk * (L.head_dim + 1) + kChunk * L.head_dim) *
                      static_cast<int>(sizeof(float));
-    FANTAI_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T, DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    FANTAI_CUDA_CHECK(
+        cudaFuncSetAttribute(prefill_kernel<T, DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const dim3 pgrid((p.max_query_len + kPrefillRows - 1) / kPrefillRows, num_q_heads, p.num_seqs);
     prefill_kernel<T, DPL><<<pgrid, kPrefillWarps * 32, smem, stream>>>(a, kc, vc);
     FANTAI_CUDA_LAUNCHED();
@@ -301,9 +306,9 @@ size_t attention_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t 
   return static_cast<size_t>(num_seqs) * num_q_heads * parts * (head_dim + 2) * sizeof(float);
 }
 
-void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
-               const KVLayout& L, const AttentionParams& p, int32_t num_q_heads, float scale,
-               float* out, void* workspace, cudaStream_t stream) {
+void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache, const KVLayout& L,
+               const AttentionParams& p, int32_t num_q_heads, float scale, float* out, void* workspace,
+               cudaStream_t stream) {
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
   FANTAI_REQUIRE(L.head_dim <= kMaxHeadDim && L.head_dim % 2 == 0,
                  "CUDA attention supports even head_dim up to " << kMaxHeadDim << ", got " << L.head_dim);

@@ -10,11 +10,11 @@
 #include "common/check.h"
 #include "common/types.h"
 
-#define FANTAI_CUDA_CHECK(expr)                                                               \
-  do {                                                                                        \
-    const cudaError_t fantai_err_ = (expr);                                                   \
-    FANTAI_CHECK(fantai_err_ == cudaSuccess, "CUDA error " << cudaGetErrorName(fantai_err_) \
-                                                          << ": " << cudaGetErrorString(fantai_err_)); \
+#define FANTAI_CUDA_CHECK(expr)                                                                              \
+  do {                                                                                                       \
+    const cudaError_t fantai_err_ = (expr);                                                                  \
+    FANTAI_CHECK(fantai_err_ == cudaSuccess,                                                                 \
+                 "CUDA error " << cudaGetErrorName(fantai_err_) << ": " << cudaGetErrorString(fantai_err_)); \
   } while (0)
 
 // After a launch: catches bad configurations at once (asynchronous faults surface at the next
@@ -30,11 +30,17 @@ __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
 template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_f32<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 // Fixed xor butterfly: every lane ends with the same value, in the same order every call.
 __device__ __forceinline__ float warp_sum(float v) {

@@ -21,8 +21,10 @@ class CudaBackend final : public Backend {
     FANTAI_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     name_ = std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ", sm_" +
             std::to_string(prop.major) + std::to_string(prop.minor) + ")";
-    FANTAI_REQUIRE(prop.major >= 8, "the CUDA backend needs compute capability 8.0 or newer (bf16 tensor "
-                                    "cores); " << prop.name << " is sm_" << prop.major << prop.minor);
+    FANTAI_REQUIRE(prop.major >= 8,
+                   "the CUDA backend needs compute capability 8.0 or newer (bf16 tensor "
+                   "cores); "
+                       << prop.name << " is sm_" << prop.major << prop.minor);
     FANTAI_LOG(kInfo, "CUDA backend on " << name_ << ", " << prop.totalGlobalMem / (1 << 20) << " MiB");
   }
   ~CudaBackend() override {
@@ -47,8 +49,9 @@ class CudaBackend final : public Backend {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     if (e != cudaSuccess) cudaGetLastError();  // not sticky: clear it so later checks see their own
-    FANTAI_REQUIRE(e == cudaSuccess, "CUDA out of memory allocating " << bytes / (1 << 20) << " MiB ("
-                                         << cudaGetErrorString(e) << "); lower kv_cache_memory / memory_utilization");
+    FANTAI_REQUIRE(e == cudaSuccess, "CUDA out of memory allocating "
+                                         << bytes / (1 << 20) << " MiB (" << cudaGetErrorString(e)
+                                         << "); lower kv_cache_memory / memory_utilization");
     return p;
   }
   void free(void* ptr) override {
@@ -77,8 +80,8 @@ class CudaBackend final : public Backend {
     FANTAI_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
-              int64_t n, int64_t k) override {
+  void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m, int64_t n,
+              int64_t k) override {
     bind();
     cuda::linear(x, w, w_dtype, bias, y, m, n, k, stream_);
   }
@@ -96,8 +99,8 @@ class CudaBackend final : public Backend {
             int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
             const float* cos_sin) override {
     bind();
-    cuda::rope(q, q_stride, k, k_stride, positions, num_tokens, num_q_heads, num_kv_heads, head_dim,
-               cos_sin, stream_);
+    cuda::rope(q, q_stride, k, k_stride, positions, num_tokens, num_q_heads, num_kv_heads, head_dim, cos_sin,
+               stream_);
   }
   void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
                 int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout) override {
@@ -108,7 +111,8 @@ class CudaBackend final : public Backend {
                  const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
                  float* out) override {
     bind();
-    const size_t need = attention_workspace_bytes(p.num_seqs, num_q_heads, p.max_context_len, layout.head_dim);
+    const size_t need = attention_workspace_bytes(p.num_seqs, num_q_heads, p.max_context_len,
+                                                  layout.head_dim);
     cuda::attention(q, q_stride, k_cache, v_cache, layout, p, num_q_heads, scale, out, workspace(need),
                     stream_);
   }
@@ -156,7 +160,8 @@ class CudaBackend final : public Backend {
     int32_t* d_tokens = static_cast<int32_t*>(sample_buf_);
     float* d_logprobs = reinterpret_cast<float*>(d_tokens + rows);
     cuda::greedy(logits, rows, vocab, d_tokens, d_logprobs, stream_);
-    FANTAI_CUDA_CHECK(cudaMemcpyAsync(tokens, d_tokens, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    FANTAI_CUDA_CHECK(
+        cudaMemcpyAsync(tokens, d_tokens, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     download(logprobs, d_logprobs, rows * sizeof(float));  // synchronizes
     return true;
   }
@@ -166,7 +171,8 @@ class CudaBackend final : public Backend {
   // every entry point makes ours current (a cheap query when it already is).
   void bind() const {
     int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess || current != device_) FANTAI_CUDA_CHECK(cudaSetDevice(device_));
+    if (cudaGetDevice(&current) != cudaSuccess || current != device_)
+      FANTAI_CUDA_CHECK(cudaSetDevice(device_));
   }
 
   // Grown geometrically, never shrunk; replacing it waits for the stream (free() above).

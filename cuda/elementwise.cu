@@ -9,9 +9,9 @@ namespace fantai::cuda {
 namespace {
 
 // One block per token; threads walk (head, i) pairs over q heads then k heads.
-__global__ void rope_kernel(float* q, int64_t q_stride, float* k, int64_t k_stride,
-                            const int32_t* positions, int32_t num_q_heads, int32_t num_kv_heads,
-                            int32_t head_dim, const float* cos_sin) {
+__global__ void rope_kernel(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
+                            int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                            const float* cos_sin) {
   const int64_t t = blockIdx.x;
   const int half = head_dim / 2;
   const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
@@ -27,9 +27,9 @@ __global__ void rope_kernel(float* q, int64_t q_stride, float* k, int64_t k_stri
 }
 
 template <typename T>
-__global__ void store_kv_kernel(const float* k, const float* v, int64_t stride,
-                                const int64_t* slot_mapping, T* k_cache, T* v_cache,
-                                int32_t block_size, int32_t num_kv_heads, int32_t head_dim) {
+__global__ void store_kv_kernel(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
+                                T* k_cache, T* v_cache, int32_t block_size, int32_t num_kv_heads,
+                                int32_t head_dim) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
   if (slot < 0) return;
@@ -81,15 +81,14 @@ void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t*
   FANTAI_CUDA_LAUNCHED();
 }
 
-void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
-              int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L,
-              cudaStream_t stream) {
+void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping, int64_t num_tokens,
+              void* k_cache, void* v_cache, const KVLayout& L, cudaStream_t stream) {
   if (num_tokens == 0) return;
   dispatch_dtype(L.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     store_kv_kernel<T><<<static_cast<unsigned>(num_tokens), 128, 0, stream>>>(
-        k, v, stride, slot_mapping, static_cast<T*>(k_cache), static_cast<T*>(v_cache),
-        L.block_size, L.num_kv_heads, L.head_dim);
+        k, v, stride, slot_mapping, static_cast<T*>(k_cache), static_cast<T*>(v_cache), L.block_size,
+        L.num_kv_heads, L.head_dim);
   });
   FANTAI_CUDA_LAUNCHED();
 }
@@ -100,12 +99,13 @@ void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cud
   FANTAI_CUDA_LAUNCHED();
 }
 
-void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
-               float* out, cudaStream_t stream) {
+void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out,
+               cudaStream_t stream) {
   if (n == 0) return;
   dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    embedding_kernel<T><<<static_cast<unsigned>(n), 256, 0, stream>>>(ids, static_cast<const T*>(table), dim, out);
+    embedding_kernel<T>
+        <<<static_cast<unsigned>(n), 256, 0, stream>>>(ids, static_cast<const T*>(table), dim, out);
   });
   FANTAI_CUDA_LAUNCHED();
 }

@@ -27,13 +27,14 @@ namespace {
 // ---- f32 weights: 64x64 tiles, 16-deep k slabs, 256 threads with 4x4 outputs each -----------
 constexpr int kSBM = 64, kSBN = 64, kSBK = 16;
 
-__global__ void __launch_bounds__(256) sgemm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                                    const float* __restrict__ bias, float* __restrict__ y,
-                                                    int64_t m, int64_t n, int64_t k) {
+__global__ void __launch_bounds__(256)
+    sgemm_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                 float* __restrict__ y, int64_t m, int64_t n, int64_t k) {
   __shared__ float as[kSBK][kSBM + 4];
   __shared__ float ws[kSBK][kSBN + 4];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kSBM, col0 = static_cast<int64_t>(blockIdx.x) * kSBN;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kSBM,
+                col0 = static_cast<int64_t>(blockIdx.x) * kSBN;
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < k; k0 += kSBK) {
     for (int i = tid; i < kSBM * kSBK; i += 256) {
@@ -83,9 +84,9 @@ __device__ __forceinline__ void widen8(const uint4& raw, float* out) {
 // Each lane sums the k indices it owns in increasing order, then the warp reduces with a fixed
 // butterfly; which lane owns which k depends only on k, never on m.
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const float* __restrict__ x, const T* __restrict__ w,
-                                                               const float* __restrict__ bias, float* __restrict__ y,
-                                                               int m, int64_t n, int64_t k) {
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const float* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias,
+                float* __restrict__ y, int m, int64_t n, int64_t k) {
   const int lane = threadIdx.x & 31;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (col >= n) return;
@@ -152,7 +153,8 @@ struct WmmaTiles {
       const int f = threadIdx.x + i * kTThreads, r = f / (kTBK / 4), c = (f % (kTBK / 4)) * 4;
       const int64_t gr = row0 + r, gc = k0 + c;
       if (kVec) {
-        a[i] = gr < m && gc < k ? *reinterpret_cast<const float4*>(x + gr * k + gc) : make_float4(0.f, 0.f, 0.f, 0.f);
+        a[i] = gr < m && gc < k ? *reinterpret_cast<const float4*>(x + gr * k + gc)
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
       } else {
         float v[4];
 #pragma unroll
@@ -165,7 +167,8 @@ struct WmmaTiles {
       const int f = threadIdx.x + i * kTThreads, r = f / (kTBK / 8), c = (f % (kTBK / 8)) * 8;
       const int64_t gn = col0 + r, gc = k0 + c;
       if (kVec) {
-        w[i] = gn < n && gc < k ? __ldg(reinterpret_cast<const uint4*>(wt + gn * k + gc)) : make_uint4(0, 0, 0, 0);
+        w[i] = gn < n && gc < k ? __ldg(reinterpret_cast<const uint4*>(wt + gn * k + gc))
+                                : make_uint4(0, 0, 0, 0);
       } else {
         uint4 packed;  // written through T* so the 16-byte value stays aligned
         T* v = reinterpret_cast<T*>(&packed);
@@ -194,16 +197,17 @@ struct WmmaTiles {
 };
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kTThreads) wmma_gemm_kernel(const float* __restrict__ x, const T* __restrict__ w,
-                                                              const float* __restrict__ bias, float* __restrict__ y,
-                                                              int64_t m, int64_t n, int64_t k) {
+__global__ void __launch_bounds__(kTThreads)
+    wmma_gemm_kernel(const float* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias,
+                     float* __restrict__ y, int64_t m, int64_t n, int64_t k) {
   namespace wmma = nvcuda::wmma;
   __shared__ __align__(128) T as[2][kTBM][kTLd];
   __shared__ __align__(128) T ws[2][kTBN][kTLd];
   __shared__ __align__(128) float stage[kTThreads / 32][16 * 16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wr = warp / 2, wc = warp % 2;  // 4 x 2 warps of 32 rows x 64 columns
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTBM, col0 = static_cast<int64_t>(blockIdx.x) * kTBN;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTBM,
+                col0 = static_cast<int64_t>(blockIdx.x) * kTBN;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -256,8 +260,8 @@ __global__ void __launch_bounds__(kTThreads) wmma_gemm_kernel(const float* __res
 
 }  // namespace
 
-void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
-            int64_t n, int64_t k, cudaStream_t stream) {
+void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m, int64_t n,
+            int64_t k, cudaStream_t stream) {
   if (m == 0 || n == 0) return;
   FANTAI_REQUIRE(m <= int64_t{65535} * std::min(kSBM, kTBM), "linear: too many rows (" << m << ")");
   if (w_dtype == DType::kF32) {
@@ -276,9 +280,11 @@ void linear(const float* x, const void* w, DType w_dtype, const float* bias, flo
                          reinterpret_cast<uintptr_t>(x) % 16 == 0;
         const unsigned grid = ceil_div(n, kGemvWarps);
         if (vec) {
-          gemv_kernel<T, true><<<grid, kGemvWarps * 32, 0, stream>>>(x, wt, bias, y, static_cast<int>(m), n, k);
+          gemv_kernel<T, true>
+              <<<grid, kGemvWarps * 32, 0, stream>>>(x, wt, bias, y, static_cast<int>(m), n, k);
         } else {
-          gemv_kernel<T, false><<<grid, kGemvWarps * 32, 0, stream>>>(x, wt, bias, y, static_cast<int>(m), n, k);
+          gemv_kernel<T, false>
+              <<<grid, kGemvWarps * 32, 0, stream>>>(x, wt, bias, y, static_cast<int>(m), n, k);
         }
       } else {
         const dim3 grid(ceil_div(n, kTBN), ceil_div(m, kTBM));

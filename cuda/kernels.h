@@ -14,24 +14,23 @@ namespace fantai::cuda {
 // norm.cu
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
               cudaStream_t stream);
-void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
-                  int64_t dim, float eps, cudaStream_t stream);
+void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                  float eps, cudaStream_t stream);
 
 // elementwise.cu
 void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
           int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
           const float* cos_sin, cudaStream_t stream);
-void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
-              int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout,
-              cudaStream_t stream);
+void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping, int64_t num_tokens,
+              void* k_cache, void* v_cache, const KVLayout& layout, cudaStream_t stream);
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cudaStream_t stream);
-void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
-               float* out, cudaStream_t stream);
+void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out,
+               cudaStream_t stream);
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);
 
 // gemm.cu. y[m, n] = x[m, k] * w[n, k]^T (+ bias[n]).
-void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
-            int64_t n, int64_t k, cudaStream_t stream);
+void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m, int64_t n,
+            int64_t k, cudaStream_t stream);
 // Rows up to this many take the GEMV kernels (f32 activations, 16-bit weights widened in
 // registers); more rows take the tensor-core GEMM (activations rounded to the weight dtype).
 constexpr int64_t kGemvMaxRows = 8;
@@ -44,8 +43,8 @@ constexpr int32_t kAttnPartition = 512;
 size_t attention_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t max_context_len,
                                  int32_t head_dim);
 void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
-               const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
-               float* out, void* workspace, cudaStream_t stream);
+               const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale, float* out,
+               void* workspace, cudaStream_t stream);
 
 // sampling.cu. out[r] = the index of the largest logits[r, :] (lowest index on ties, NaN never
 // wins), like the CPU sampler's greedy path.
@@ -58,8 +57,8 @@ void greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, f
 // tokens >= the highest cut whose kept probability mass still reaches top_p of the top-k mass;
 // out[r] = the first kept token in index order whose cumulative kept mass exceeds uniform[r]
 // times the total kept mass. Same temperature, top_k and top_p for every row of the call.
-void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float temperature,
-                        int32_t top_k, float top_p, const float* uniform, int32_t* out, cudaStream_t stream);
+void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k,
+                        float top_p, const float* uniform, int32_t* out, cudaStream_t stream);
 
 // quant.cu: weight-only INT4 / INT8 group-quantized weights (Backend::pack_quant and friends).
 // pack_quant validates and uploads a canonical host matrix into dst (quant_packed_bytes bytes of

@@ -10,8 +10,8 @@ constexpr int kThreads = 256;
 // Each thread owns the columns i = tid + j * blockDim.x for both passes, so `out` may alias `x`:
 // a thread overwrites only what it alone read.
 template <bool kAdd>
-__global__ void rms_norm_kernel(float* residual, const float* x, const float* weight, float* out,
-                                int64_t dim, float eps) {
+__global__ void rms_norm_kernel(float* residual, const float* x, const float* weight, float* out, int64_t dim,
+                                float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * dim;
@@ -36,14 +36,16 @@ __global__ void rms_norm_kernel(float* residual, const float* x, const float* we
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
               cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_kernel<false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(nullptr, x, weight, out, dim, eps);
+  rms_norm_kernel<false>
+      <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(nullptr, x, weight, out, dim, eps);
   FANTAI_CUDA_LAUNCHED();
 }
 
-void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
-                  int64_t dim, float eps, cudaStream_t stream) {
+void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                  float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_kernel<true><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(residual, x, weight, out, dim, eps);
+  rms_norm_kernel<true>
+      <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(residual, x, weight, out, dim, eps);
   FANTAI_CUDA_LAUNCHED();
 }
 

@@ -36,7 +36,9 @@ Sizes sizes_of(const QuantMatrix& c) {
 }
 
 // QuantMatrix::ngroups is host code (the seam header is plain C++).
-__device__ __forceinline__ int64_t groups_of(const QuantMatrix& w) { return (w.cols + w.group - 1) / w.group; }
+__device__ __forceinline__ int64_t groups_of(const QuantMatrix& w) {
+  return (w.cols + w.group - 1) / w.group;
+}
 
 __device__ __forceinline__ float dequant(int q, int z, float scale, const float* mn, int64_t gi) {
   const float w = __fmul_rn(scale, static_cast<float>(q - z));
@@ -50,9 +52,9 @@ __device__ __forceinline__ int q_at(const QuantMatrix& w, const uint8_t* row, in
 
 // One warp per output j; each lane walks 8-column chunks (one group: group % 16 == 0 or
 // group >= cols), so the per-element order depends only on the column count, never on m.
-__global__ void __launch_bounds__(kQWarps * 32) qgemv_kernel(const float* __restrict__ x, QuantMatrix w,
-                                                             const float* __restrict__ bias, float* __restrict__ y,
-                                                             int64_t m, int64_t ldy) {
+__global__ void __launch_bounds__(kQWarps * 32)
+    qgemv_kernel(const float* __restrict__ x, QuantMatrix w, const float* __restrict__ bias,
+                 float* __restrict__ y, int64_t m, int64_t ldy) {
   const int lane = threadIdx.x & 31;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kQWarps + (threadIdx.x >> 5);
   if (j >= w.rows) return;
@@ -67,7 +69,8 @@ __global__ void __launch_bounds__(kQWarps * 32) qgemv_kernel(const float* __rest
     const int z = w.zero ? w.zero[gi] : w.zero_point;
     float wf[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) wf[e] = c0 + e < w.cols ? dequant(q_at(w, qrow, c0 + e), z, scale, w.min, gi) : 0.f;
+    for (int e = 0; e < 8; ++e)
+      wf[e] = c0 + e < w.cols ? dequant(q_at(w, qrow, c0 + e), z, scale, w.min, gi) : 0.f;
 #pragma unroll
     for (int r = 0; r < kQRows; ++r) {
       if (r >= rows) break;
@@ -156,7 +159,8 @@ void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y,
 }
 
 void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out, cudaStream_t stream) {
-  FANTAI_REQUIRE(table.layout == kCudaQuantLayout, "embedding_q: the table was not packed by the CUDA backend");
+  FANTAI_REQUIRE(table.layout == kCudaQuantLayout,
+                 "embedding_q: the table was not packed by the CUDA backend");
   if (n == 0) return;
   qembedding_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(ids, table, out);
   FANTAI_CUDA_LAUNCHED();

@@ -99,9 +99,9 @@ __device__ int block_count(int v, int* scratch) {
 // then, among those, the ones >= the largest cut whose kept mass still reaches top_p; draws the
 // first kept token (index order) whose cumulative probability exceeds u. Every sum runs in a fixed
 // order. Each threshold is a bisection over the 32-bit keys: 32 passes over the row, no sort.
-__global__ void __launch_bounds__(kSampleThreads) top_k_top_p_kernel(const float* logits, int64_t vocab,
-                                                                     float inv_temp, int top_k, float top_p,
-                                                                     const float* uniform, int32_t* out) {
+__global__ void __launch_bounds__(kSampleThreads)
+    top_k_top_p_kernel(const float* logits, int64_t vocab, float inv_temp, int top_k, float top_p,
+                       const float* uniform, int32_t* out) {
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
   __shared__ float wsum[32];
@@ -120,7 +120,8 @@ __global__ void __launch_bounds__(kSampleThreads) top_k_top_p_kernel(const float
       const uint32_t mid = lo + (hi - lo) / 2 + 1;
       int c = 0;
       for (int64_t i = tid; i < vocab; i += blockDim.x) c += l[i] == l[i] && key_of(l[i]) >= mid;
-      if (block_count(c, iscratch) >= top_k) lo = mid; else hi = mid - 1;
+      if (block_count(c, iscratch) >= top_k) lo = mid;
+      else hi = mid - 1;
     }
     cut = lo;
   }
@@ -133,7 +134,8 @@ __global__ void __launch_bounds__(kSampleThreads) top_k_top_p_kernel(const float
       const uint32_t mid = lo + (hi - lo) / 2 + 1;
       float m = 0.f;
       for (int64_t i = tid; i < vocab; i += blockDim.x) m += key_of(l[i]) >= mid ? weight(l[i]) : 0.f;
-      if (block_sum(m, fscratch) >= want) lo = mid; else hi = mid - 1;
+      if (block_sum(m, fscratch) >= want) lo = mid;
+      else hi = mid - 1;
     }
     cut = lo;
   }
@@ -203,8 +205,8 @@ void greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, f
 
 namespace fantai::cuda {
 
-void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float temperature,
-                        int32_t top_k, float top_p, const float* uniform, int32_t* out, cudaStream_t stream) {
+void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k,
+                        float top_p, const float* uniform, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
   FANTAI_REQUIRE(vocab > 0 && vocab < (int64_t{1} << 31), "sample: bad vocabulary size " << vocab);
   FANTAI_REQUIRE(temperature > 0.f && std::isfinite(temperature), "sample: temperature must be > 0");

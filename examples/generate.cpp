@@ -25,8 +25,8 @@
 #include "backend/backend.h"
 #include "common/check.h"
 #include "engine/engine.h"
-#include "sampling/sampling_params.h"
 #include "model/model.h"
+#include "sampling/sampling_params.h"
 
 namespace {
 

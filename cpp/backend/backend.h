@@ -61,32 +61,31 @@ class Backend {
   virtual void release_pages(void* ptr, size_t bytes) {}
 
   // y[m, n] = x[m, k] * w[n, k]^T (+ bias[n] when bias != nullptr). w is row-major in w_dtype.
-  virtual void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y,
-                      int64_t m, int64_t n, int64_t k) = 0;
+  virtual void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
+                      int64_t n, int64_t k) = 0;
 
   // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight[:]; out may alias x.
-  virtual void rms_norm(const float* x, const float* weight, float* out, int64_t rows,
-                        int64_t dim, float eps) = 0;
+  virtual void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                        float eps) = 0;
 
   // residual[r, :] += x[r, :]; then out[r, :] = rms_norm(residual[r, :]). Fused for one pass.
-  virtual void add_rms_norm(float* residual, const float* x, const float* weight, float* out,
-                            int64_t rows, int64_t dim, float eps) = 0;
+  virtual void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
+                            int64_t dim, float eps) = 0;
 
   // Rotary embedding, rotate-half (GPT-NeoX / HF Llama) convention, in place on
   // q [num_tokens, q_stride] holding num_q_heads heads of head_dim and
   // k [num_tokens, k_stride] holding num_kv_heads heads (strides in floats, so q and k may be
   // column slices of one fused qkv buffer). cos_sin: [max_positions, head_dim] with cos of the
   // head_dim/2 frequencies in the first half of a row and sin in the second half.
-  virtual void rope(float* q, int64_t q_stride, float* k, int64_t k_stride,
-                    const int32_t* positions, int64_t num_tokens, int32_t num_q_heads,
-                    int32_t num_kv_heads, int32_t head_dim, const float* cos_sin) = 0;
+  virtual void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
+                    int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                    const float* cos_sin) = 0;
 
   // Scatters new keys/values into their slots. k, v: [num_tokens, stride] with num_kv_heads *
   // head_dim used floats per row. slot_mapping: [num_tokens]; slot < 0 means skip the token.
   // k_cache / v_cache are whole layer buffers (layout.bytes(), int8 scales included).
-  virtual void store_kv(const float* k, const float* v, int64_t stride,
-                        const int64_t* slot_mapping, int64_t num_tokens, void* k_cache,
-                        void* v_cache, const KVLayout& layout) = 0;
+  virtual void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
+                        int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout) = 0;
 
   // Attention is planned once per step and run per layer (FlashInfer's plan / run): the model
   // calls plan_attention with the step's layout, metadata and head count before its first layer
@@ -100,16 +99,16 @@ class Backend {
   // Paged causal attention (prefill chunks and decodes mixed) with grouped-query heads.
   // q: [num_tokens, q_stride] with num_q_heads * head_dim used; out: [num_tokens, num_q_heads *
   // head_dim]. Query head h reads KV head h / (num_q_heads / num_kv_heads). scale multiplies q.k.
-  virtual void attention(const float* q, int64_t q_stride, const void* k_cache,
-                         const void* v_cache, const KVLayout& layout, const AttentionParams& p,
-                         int32_t num_q_heads, float scale, float* out) = 0;
+  virtual void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                         const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
+                         float* out) = 0;
 
   // out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:2*inter]
   virtual void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
 
   // out[i, :] = table[ids[i], :] converted to f32. table: [vocab, dim] in dtype.
-  virtual void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype,
-                         int64_t dim, float* out) = 0;
+  virtual void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
+                         float* out) = 0;
 
   // x[i] += y[i]
   virtual void add(float* x, const float* y, int64_t n) = 0;
@@ -121,8 +120,8 @@ class Backend {
   virtual QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst);
   // y[r, j] = x[r, :] . w[j, :] (+ bias[j]) for r < m, j < w.rows; x: [m, w.cols]; y row stride
   // ldy floats (so a row-part of a fused matrix writes its column slice). Batch invariant.
-  virtual void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y,
-                        int64_t m, int64_t ldy);
+  virtual void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                        int64_t ldy);
   // out[i, :] = dequantized row ids[i] of `table` (original column order), [n, table.cols].
   virtual void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out);
 

@@ -21,7 +21,9 @@ class Buffer {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
 
  private:
   Backend* backend_ = nullptr;

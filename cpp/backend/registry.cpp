@@ -29,7 +29,8 @@ size_t Backend::dense_packed_bytes(DType, int64_t, int64_t) const { return 0; }
 void Backend::pack_dense(const void*, DType, int64_t, int64_t, void*) {
   FANTAI_THROW("packed dense weights are not supported on the " << name() << " backend");
 }
-void Backend::linear_packed(const float*, const void*, DType, const float*, float*, int64_t, int64_t, int64_t) {
+void Backend::linear_packed(const float*, const void*, DType, const float*, float*, int64_t, int64_t,
+                            int64_t) {
   FANTAI_THROW("packed dense weights are not supported on the " << name() << " backend");
 }
 bool Backend::mlp_packed(const float*, const void*, const void*, DType, float*, int64_t, int64_t, int64_t) {
@@ -71,8 +72,10 @@ std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads
     }
     return cuda::create_cuda_backend(device);
 #else
-    FANTAI_THROW("backend '" << name << "' is unavailable: this fantai was built without CUDA "
-                             "(rebuild with nvcc on PATH, or -C cmake.define.FANTAI_CUDA=ON to require it)");
+    FANTAI_THROW(
+        "backend '" << name
+                    << "' is unavailable: this fantai was built without CUDA "
+                       "(rebuild with nvcc on PATH, or -C cmake.define.FANTAI_CUDA=ON to require it)");
 #endif
   }
   FANTAI_THROW("unknown backend '" << name << "' (known: cpu, cuda)");

@@ -16,10 +16,10 @@ using namespace fantai;
 using engine::Engine;
 using engine::EngineConfig;
 using engine::EngineLoop;
-using sampling::SamplingParams;
 using engine::StepOutput;
 using model::Model;
 using model::ModelConfig;
+using sampling::SamplingParams;
 
 namespace {
 
@@ -62,8 +62,7 @@ py::dict stats_dict(const engine::EngineStats& s) {
 // for large pools), only shared blocks' ref counts, requests with their block tables.
 py::dict snapshot_dict(const engine::EngineSnapshot& s) {
   py::dict d;
-  d["block_states"] = py::bytes(reinterpret_cast<const char*>(s.block_states.data()),
-                                s.block_states.size());
+  d["block_states"] = py::bytes(reinterpret_cast<const char*>(s.block_states.data()), s.block_states.size());
   py::list shared;
   for (size_t b = 0; b < s.ref_counts.size(); ++b) {
     if (s.ref_counts[b] > 1) shared.append(py::make_tuple(b, s.ref_counts[b]));
@@ -161,8 +160,9 @@ QuantArrays quant_arrays(const py::object& q, const py::object& scale, const py:
   const int64_t ng = v.ngroups();
   auto need_shape = [&](const py::array& x, const char* what, int64_t r, int64_t c) {
     const bool ok = x.shape(0) == r && (x.ndim() == 1 || x.shape(1) == c);
-    FANTAI_REQUIRE(ok, what << " has shape (" << x.shape(0) << (x.ndim() == 1 ? "" : ", " + std::to_string(x.shape(1)))
-                            << "), expected (" << r << (x.ndim() == 1 ? "" : ", " + std::to_string(c)) << ")");
+    FANTAI_REQUIRE(ok, what << " has shape (" << x.shape(0)
+                            << (x.ndim() == 1 ? "" : ", " + std::to_string(x.shape(1))) << "), expected ("
+                            << r << (x.ndim() == 1 ? "" : ", " + std::to_string(c)) << ")");
   };
   need_shape(a.scale, "scale", v.rows, ng);
   v.data = a.q.data();
@@ -204,73 +204,79 @@ void set_tensor_quant(Model& m, const std::string& name, const py::object& q, co
                       const py::object& zero, const py::object& min, const py::object& perm, int bits,
                       int group) {
   QuantArrays a = quant_arrays(q, scale, zero, min, perm, bits, group);
-  const std::string format = "int" + std::to_string(bits) + (a.view.group < a.view.cols ? "g" + std::to_string(a.view.group) : "");
+  const std::string format = "int" + std::to_string(bits) +
+                             (a.view.group < a.view.cols ? "g" + std::to_string(a.view.group) : "");
   py::gil_scoped_release release;
   m.weights().set_quant(name, a.view, format);
 }
 
 void bind_quant(py::module_& m) {
-  m.def("ggml_dequantize",
-        [](const py::object& data, int32_t ggml_type, int64_t rows, int64_t cols) {
-          auto bytes = typed_array<uint8_t>(data, "data", 1);
-          FANTAI_REQUIRE(rows > 0 && cols > 0, "bad shape (" << rows << ", " << cols << ")");
-          py::array_t<float> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
-          const void* p = bytes.data();
-          const size_t n = static_cast<size_t>(bytes.shape(0));
-          float* o = out.mutable_data();
-          {
-            py::gil_scoped_release release;
-            model::ggml_to_f32(p, n, ggml_type, rows, cols, nullptr, o);
+  m.def(
+      "ggml_dequantize",
+      [](const py::object& data, int32_t ggml_type, int64_t rows, int64_t cols) {
+        auto bytes = typed_array<uint8_t>(data, "data", 1);
+        FANTAI_REQUIRE(rows > 0 && cols > 0, "bad shape (" << rows << ", " << cols << ")");
+        py::array_t<float> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+        const void* p = bytes.data();
+        const size_t n = static_cast<size_t>(bytes.shape(0));
+        float* o = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          model::ggml_to_f32(p, n, ggml_type, rows, cols, nullptr, o);
+        }
+        return out;
+      },
+      py::arg("data"), py::arg("ggml_type"), py::arg("rows"), py::arg("cols"));
+  m.def(
+      "quant_dequantize",
+      [](const py::object& q, const py::object& scale, const py::object& zero, const py::object& min,
+         const py::object& perm, int bits, int group) {
+        QuantArrays a = quant_arrays(q, scale, zero, min, perm, bits, group);
+        if (a.view.perm) {
+          std::vector<char> seen(static_cast<size_t>(a.view.cols), 0);
+          for (int64_t c = 0; c < a.view.cols; ++c) {
+            const int32_t p = a.view.perm[c];
+            FANTAI_REQUIRE(p >= 0 && p < a.view.cols && !seen[p],
+                           "perm is not a permutation of [0, " << a.view.cols << ")");
+            seen[p] = 1;
           }
-          return out;
-        },
-        py::arg("data"), py::arg("ggml_type"), py::arg("rows"), py::arg("cols"));
-  m.def("quant_dequantize",
-        [](const py::object& q, const py::object& scale, const py::object& zero, const py::object& min,
-           const py::object& perm, int bits, int group) {
-          QuantArrays a = quant_arrays(q, scale, zero, min, perm, bits, group);
-          if (a.view.perm) {
-            std::vector<char> seen(static_cast<size_t>(a.view.cols), 0);
-            for (int64_t c = 0; c < a.view.cols; ++c) {
-              const int32_t p = a.view.perm[c];
-              FANTAI_REQUIRE(p >= 0 && p < a.view.cols && !seen[p], "perm is not a permutation of [0, " << a.view.cols << ")");
-              seen[p] = 1;
-            }
-          }
-          py::array_t<float> out({static_cast<py::ssize_t>(a.view.rows), static_cast<py::ssize_t>(a.view.cols)});
-          float* o = out.mutable_data();
-          {
-            py::gil_scoped_release release;
-            model::dequantize(a.view, o);
-          }
-          return out;
-        },
-        py::arg("q"), py::arg("scale"), py::arg("zero") = py::none(), py::arg("min") = py::none(),
-        py::arg("perm") = py::none(), py::arg("bits") = 8, py::arg("group") = 32);
-  m.def("quantize_rtn",
-        [](const py::object& w, int bits, int group, bool symmetric) {
-          auto a = typed_array<float>(w, "w", 2);
-          const int64_t rows = a.shape(0), cols = a.shape(1);
-          FANTAI_REQUIRE(group == -1 || group > 0, "group must be positive or -1 (per channel), got " << group);
-          model::QuantTensor t;
-          {
-            py::gil_scoped_release release;
-            t = model::quantize_rtn(a.data(), rows, cols, bits, group, symmetric);
-          }
-          const int64_t ng = t.view().ngroups();
-          py::array_t<uint8_t> q({rows, cols});
-          py::array_t<float> scale({rows, ng});
-          py::array_t<uint8_t> zero({rows, ng});
-          std::copy(t.q.begin(), t.q.end(), q.mutable_data());
-          std::copy(t.scale.begin(), t.scale.end(), scale.mutable_data());
-          std::copy(t.zero.begin(), t.zero.end(), zero.mutable_data());
-          py::dict d;
-          d["q"] = q;
-          d["scale"] = scale;
-          d["zero"] = zero;
-          return d;
-        },
-        py::arg("w"), py::arg("bits"), py::arg("group"), py::arg("symmetric") = true);
+        }
+        py::array_t<float> out(
+            {static_cast<py::ssize_t>(a.view.rows), static_cast<py::ssize_t>(a.view.cols)});
+        float* o = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          model::dequantize(a.view, o);
+        }
+        return out;
+      },
+      py::arg("q"), py::arg("scale"), py::arg("zero") = py::none(), py::arg("min") = py::none(),
+      py::arg("perm") = py::none(), py::arg("bits") = 8, py::arg("group") = 32);
+  m.def(
+      "quantize_rtn",
+      [](const py::object& w, int bits, int group, bool symmetric) {
+        auto a = typed_array<float>(w, "w", 2);
+        const int64_t rows = a.shape(0), cols = a.shape(1);
+        FANTAI_REQUIRE(group == -1 || group > 0, "group must be positive or -1 (per channel), got " << group);
+        model::QuantTensor t;
+        {
+          py::gil_scoped_release release;
+          t = model::quantize_rtn(a.data(), rows, cols, bits, group, symmetric);
+        }
+        const int64_t ng = t.view().ngroups();
+        py::array_t<uint8_t> q({rows, cols});
+        py::array_t<float> scale({rows, ng});
+        py::array_t<uint8_t> zero({rows, ng});
+        std::copy(t.q.begin(), t.q.end(), q.mutable_data());
+        std::copy(t.scale.begin(), t.scale.end(), scale.mutable_data());
+        std::copy(t.zero.begin(), t.zero.end(), zero.mutable_data());
+        py::dict d;
+        d["q"] = q;
+        d["scale"] = scale;
+        d["zero"] = zero;
+        return d;
+      },
+      py::arg("w"), py::arg("bits"), py::arg("group"), py::arg("symmetric") = true);
 }
 
 void bind_config(py::module_& m) {
@@ -322,24 +328,26 @@ void bind_config(py::module_& m) {
 
 void bind_model(py::module_& m) {
   py::class_<Model, std::shared_ptr<Model>>(m, "Model")
-      .def_static("from_pretrained",
-                  [](const std::string& dir, const std::string& dtype, const std::string& backend, int threads,
-                     const std::string& quantization) {
-                    auto be = create_backend(backend, threads);
-                    py::gil_scoped_release release;
-                    return Model::from_pretrained(dir, dtype, be, quantization);
-                  },
-                  py::arg("path"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0,
-                  py::arg("quantization") = "none")
-      .def_static("create",
-                  [](const std::string& config_json, const std::string& dtype, const std::string& backend, int threads,
-                     const std::string& quantization) {
-                    ModelConfig c = ModelConfig::from_json(config_json);
-                    DType dt = dtype == "auto" ? c.torch_dtype : dtype_from_name(dtype);
-                    return std::make_shared<Model>(c, dt, create_backend(backend, threads), quantization);
-                  },
-                  py::arg("config_json"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0,
-                  py::arg("quantization") = "none")
+      .def_static(
+          "from_pretrained",
+          [](const std::string& dir, const std::string& dtype, const std::string& backend, int threads,
+             const std::string& quantization) {
+            auto be = create_backend(backend, threads);
+            py::gil_scoped_release release;
+            return Model::from_pretrained(dir, dtype, be, quantization);
+          },
+          py::arg("path"), py::arg("dtype") = "auto", py::arg("backend") = "cpu", py::arg("threads") = 0,
+          py::arg("quantization") = "none")
+      .def_static(
+          "create",
+          [](const std::string& config_json, const std::string& dtype, const std::string& backend,
+             int threads, const std::string& quantization) {
+            ModelConfig c = ModelConfig::from_json(config_json);
+            DType dt = dtype == "auto" ? c.torch_dtype : dtype_from_name(dtype);
+            return std::make_shared<Model>(c, dt, create_backend(backend, threads), quantization);
+          },
+          py::arg("config_json"), py::arg("dtype") = "auto", py::arg("backend") = "cpu",
+          py::arg("threads") = 0, py::arg("quantization") = "none")
       .def("set_tensor", &set_tensor, py::arg("name"), py::arg("array"), py::arg("dtype") = "")
       .def("set_tensor_ggml", &set_tensor_ggml, py::arg("name"), py::arg("data"), py::arg("ggml_type"),
            py::arg("rows"), py::arg("cols"), py::arg("row_perm") = py::none())
@@ -352,24 +360,30 @@ void bind_model(py::module_& m) {
       .def_property_readonly("dtype", [](const Model& mo) { return std::string(dtype_name(mo.dtype())); })
       .def_property_readonly("num_threads", [](const Model& mo) { return mo.backend()->num_threads(); })
       .def_property_readonly("backend", [](const Model& mo) { return mo.backend()->name(); })
-      .def("set_matmul_precision",
-           [](Model& mo, const std::string& precision) {
-             return mo.backend()->set_matmul_precision(dtype_from_name(precision));
-           },
-           py::arg("precision"))
-      .def_property_readonly("device_free_memory", [](const Model& mo) { return mo.backend()->free_memory(); })
+      .def(
+          "set_matmul_precision",
+          [](Model& mo, const std::string& precision) {
+            return mo.backend()->set_matmul_precision(dtype_from_name(precision));
+          },
+          py::arg("precision"))
+      .def_property_readonly("device_free_memory",
+                             [](const Model& mo) { return mo.backend()->free_memory(); })
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
-      .def("score", [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {
-        const DType kv = dtype_from_name(kv_cache_dtype);
-        std::vector<float> logits;
-        {
-          py::gil_scoped_release release;
-          logits = mo.score(ids, kv);
-        }
-        py::array_t<float> out({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(mo.config().vocab_size)});
-        std::copy(logits.begin(), logits.end(), out.mutable_data());
-        return out;
-      }, py::arg("ids"), py::arg("kv_cache_dtype") = "float32");
+      .def(
+          "score",
+          [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {
+            const DType kv = dtype_from_name(kv_cache_dtype);
+            std::vector<float> logits;
+            {
+              py::gil_scoped_release release;
+              logits = mo.score(ids, kv);
+            }
+            py::array_t<float> out(
+                {static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(mo.config().vocab_size)});
+            std::copy(logits.begin(), logits.end(), out.mutable_data());
+            return out;
+          },
+          py::arg("ids"), py::arg("kv_cache_dtype") = "float32");
 }
 
 void bind_engine(py::module_& m) {
@@ -381,7 +395,9 @@ void bind_engine(py::module_& m) {
       .def_readonly("token_ids", &StepOutput::token_ids)
       .def_readonly("logprobs", &StepOutput::logprobs)
       .def_readonly("finished", &StepOutput::finished)
-      .def_property_readonly("finish_reason", [](const StepOutput& o) { return std::string(engine::finish_reason_name(o.finish_reason)); })
+      .def_property_readonly(
+          "finish_reason",
+          [](const StepOutput& o) { return std::string(engine::finish_reason_name(o.finish_reason)); })
       .def_readonly("stop_token_id", &StepOutput::stop_token_id)
       .def_readonly("num_prompt_tokens", &StepOutput::num_prompt_tokens)
       .def_readonly("num_output_tokens", &StepOutput::num_output_tokens)
@@ -389,9 +405,9 @@ void bind_engine(py::module_& m) {
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](std::shared_ptr<Model> model, const EngineConfig& c) {
-             py::gil_scoped_release release;
-             return std::make_shared<Engine>(std::move(model), c);
-           }))
+        py::gil_scoped_release release;
+        return std::make_shared<Engine>(std::move(model), c);
+      }))
       .def("add_request", &Engine::add_request, py::arg("id"), py::arg("prompt"), py::arg("params"),
            py::arg("siblings") = std::vector<std::pair<uint64_t, SamplingParams>>{})
       .def("abort_request", &Engine::abort_request)
@@ -403,7 +419,8 @@ void bind_engine(py::module_& m) {
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
       .def("snapshot", [](const Engine& e) { return snapshot_dict(e.snapshot()); })
       .def_property_readonly("max_model_len", [](const Engine& e) { return e.config().max_model_len; })
-      .def_property_readonly("max_num_batched_tokens", [](const Engine& e) { return e.config().max_num_batched_tokens; })
+      .def_property_readonly("max_num_batched_tokens",
+                             [](const Engine& e) { return e.config().max_num_batched_tokens; })
       .def_property_readonly("kv_cache_bytes", &Engine::kv_cache_bytes)
       .def("kv_resident_bytes", &Engine::kv_resident_bytes)
       .def_property_readonly("num_blocks", [](const Engine& e) { return e.block_manager().num_blocks(); })
@@ -429,8 +446,9 @@ void bind_engine(py::module_& m) {
              if (!s) return py::none();
              return snapshot_dict(*s);
            })
-      .def("steps_since", [](const EngineLoop& l, int64_t after) { return steps_list(l.steps_since(after)); },
-           py::arg("after") = -1)
+      .def(
+          "steps_since", [](const EngineLoop& l, int64_t after) { return steps_list(l.steps_since(after)); },
+          py::arg("after") = -1)
       .def("set_snapshot_interval", &EngineLoop::set_snapshot_interval);
 }
 
@@ -448,8 +466,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("available_backends", &available_backends);
   m.def("default_kv_cache_bytes", &engine::default_kv_cache_bytes);
   m.def("set_log_level", [](const std::string& level) {
-    LogLevel l = level == "debug" ? LogLevel::kDebug : level == "warning" ? LogLevel::kWarning
-               : level == "error" ? LogLevel::kError : level == "off" ? LogLevel::kOff : LogLevel::kInfo;
+    LogLevel l = level == "debug"     ? LogLevel::kDebug
+                 : level == "warning" ? LogLevel::kWarning
+                 : level == "error"   ? LogLevel::kError
+                 : level == "off"     ? LogLevel::kOff
+                                      : LogLevel::kInfo;
     set_log_level(l);
   });
 }

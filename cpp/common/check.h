@@ -14,24 +14,24 @@ class InvalidArgument : public std::invalid_argument {
 
 }  // namespace fantai
 
-#define FANTAI_THROW(msg)                                   \
-  do {                                                      \
-    std::ostringstream fantai_oss_;                         \
-    fantai_oss_ << msg;                                     \
-    throw ::fantai::InvalidArgument(fantai_oss_.str());     \
+#define FANTAI_THROW(msg)                               \
+  do {                                                  \
+    std::ostringstream fantai_oss_;                     \
+    fantai_oss_ << msg;                                 \
+    throw ::fantai::InvalidArgument(fantai_oss_.str()); \
   } while (0)
 
-#define FANTAI_CHECK(cond, msg)                                                   \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::ostringstream fantai_oss_;                                             \
+#define FANTAI_CHECK(cond, msg)                                                      \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      std::ostringstream fantai_oss_;                                                \
       fantai_oss_ << msg << " [" #cond " at " << __FILE__ << ":" << __LINE__ << "]"; \
-      throw std::runtime_error(fantai_oss_.str());                                \
-    }                                                                             \
+      throw std::runtime_error(fantai_oss_.str());                                   \
+    }                                                                                \
   } while (0)
 
 // For caller-supplied values: throws InvalidArgument with a plain message.
-#define FANTAI_REQUIRE(cond, msg) \
-  do {                            \
+#define FANTAI_REQUIRE(cond, msg)   \
+  do {                              \
     if (!(cond)) FANTAI_THROW(msg); \
   } while (0)

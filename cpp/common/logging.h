@@ -13,11 +13,11 @@ void log_message(LogLevel level, const std::string& msg);
 
 }  // namespace fantai
 
-#define FANTAI_LOG(level, msg)                                         \
-  do {                                                                 \
-    if (::fantai::LogLevel::level >= ::fantai::log_level()) {          \
-      std::ostringstream fantai_log_oss_;                              \
-      fantai_log_oss_ << msg;                                          \
+#define FANTAI_LOG(level, msg)                                                 \
+  do {                                                                         \
+    if (::fantai::LogLevel::level >= ::fantai::log_level()) {                  \
+      std::ostringstream fantai_log_oss_;                                      \
+      fantai_log_oss_ << msg;                                                  \
       ::fantai::log_message(::fantai::LogLevel::level, fantai_log_oss_.str()); \
-    }                                                                  \
+    }                                                                          \
   } while (0)

@@ -10,13 +10,15 @@ namespace fantai {
 void check_quant_matrix(const QuantMatrix& m) {
   FANTAI_REQUIRE(m.layout == 0, "quantized matrix: expected the canonical layout");
   FANTAI_REQUIRE(m.bits == 4 || m.bits == 8, "quantized matrix: bits must be 4 or 8, got " << m.bits);
-  FANTAI_REQUIRE(m.rows > 0 && m.cols > 0, "quantized matrix: bad shape [" << m.rows << ", " << m.cols << "]");
+  FANTAI_REQUIRE(m.rows > 0 && m.cols > 0,
+                 "quantized matrix: bad shape [" << m.rows << ", " << m.cols << "]");
   FANTAI_REQUIRE(m.group > 0 && (m.group % 16 == 0 || m.group >= m.cols),
-                 "quantized matrix: group " << m.group << " must be a multiple of 16 or cover all "
-                                            << m.cols << " columns");
+                 "quantized matrix: group " << m.group << " must be a multiple of 16 or cover all " << m.cols
+                                            << " columns");
   FANTAI_REQUIRE(m.data && m.scale, "quantized matrix: q and scale are required");
   FANTAI_REQUIRE(m.ld >= m.cols, "quantized matrix: row stride " << m.ld << " < cols " << m.cols);
-  FANTAI_REQUIRE(m.zero_point >= 0 && m.zero_point < (1 << m.bits), "quantized matrix: zero point out of range");
+  FANTAI_REQUIRE(m.zero_point >= 0 && m.zero_point < (1 << m.bits),
+                 "quantized matrix: zero point out of range");
   if (m.bits == 4) {
     const uint8_t* q = static_cast<const uint8_t*>(m.data);
     uint8_t any = 0;
@@ -33,7 +35,8 @@ void check_quant_matrix(const QuantMatrix& m) {
     std::vector<char> seen(static_cast<size_t>(m.cols), 0);
     for (int64_t c = 0; c < m.cols; ++c) {
       const int32_t p = m.perm[c];
-      FANTAI_REQUIRE(p >= 0 && p < m.cols && !seen[p], "quantized matrix: perm is not a permutation of [0, " << m.cols << ")");
+      FANTAI_REQUIRE(p >= 0 && p < m.cols && !seen[p],
+                     "quantized matrix: perm is not a permutation of [0, " << m.cols << ")");
       seen[p] = 1;
     }
   }

@@ -53,9 +53,9 @@ struct KVLayout {
 // position context_lens[s] - q_len_s + j and attends causally to KV positions <= its own.
 struct AttentionParams {
   int32_t num_seqs = 0;
-  int32_t num_tokens = 0;              // cu_seqlens_q[num_seqs]
-  int32_t max_query_len = 0;           // max over s of q_len_s
-  int32_t max_context_len = 0;         // max over s of context_lens[s]
+  int32_t num_tokens = 0;                 // cu_seqlens_q[num_seqs]
+  int32_t max_query_len = 0;              // max over s of q_len_s
+  int32_t max_context_len = 0;            // max over s of context_lens[s]
   const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1]
   const int32_t* context_lens = nullptr;  // [num_seqs], tokens, >= q_len_s
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] physical block ids
@@ -78,14 +78,14 @@ struct QuantMatrix {
   int32_t group = 0;  // columns per group
   int64_t rows = 0;
   int64_t cols = 0;
-  int32_t layout = 0;   // 0 canonical; otherwise owned by the backend that packed it
-  int64_t ld = 0;       // bytes per row of data
+  int32_t layout = 0;  // 0 canonical; otherwise owned by the backend that packed it
+  int64_t ld = 0;      // bytes per row of data
   const void* data = nullptr;
-  const float* scale = nullptr;    // [rows, ngroups()]
-  const uint8_t* zero = nullptr;   // [rows, ngroups()] or nullptr
-  int32_t zero_point = 0;          // the zero of every group when zero == nullptr
-  const float* min = nullptr;      // [rows, ngroups()] or nullptr
-  const int32_t* perm = nullptr;   // [cols] or nullptr
+  const float* scale = nullptr;   // [rows, ngroups()]
+  const uint8_t* zero = nullptr;  // [rows, ngroups()] or nullptr
+  int32_t zero_point = 0;         // the zero of every group when zero == nullptr
+  const float* min = nullptr;     // [rows, ngroups()] or nullptr
+  const int32_t* perm = nullptr;  // [cols] or nullptr
   int64_t ngroups() const { return group > 0 ? (cols + group - 1) / group : 0; }
 };
 

@@ -49,7 +49,10 @@ inline float f16_to_f32(uint16_t h) {
       u = sign;
     } else {  // subnormal: renormalise
       exp = 127 - 15 + 1;
-      while ((man & 0x400) == 0) { man <<= 1; --exp; }
+      while ((man & 0x400) == 0) {
+        man <<= 1;
+        --exp;
+      }
       man &= 0x3ff;
       u = sign | (exp << 23) | (man << 13);
     }
@@ -86,7 +89,6 @@ inline uint16_t f32_to_f16(float f) {
   if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;
   return static_cast<uint16_t>(half);
 }
-
 
 // Converts n elements of `src` (type st) to f32.
 void convert_to_f32(const void* src, DType st, float* dst, size_t n);

@@ -31,9 +31,9 @@ using VT = vt_avx512::VT;
 constexpr int kSplits = 3;   // bf16 parts of Q (all 24 bits: scores can be large)
 constexpr int kPSplits = 3;  // and of the softmax weights (two leave ~3e-5 relative error)
 // (With bf16 activations, Q and P are rounded to bf16 instead: one part each.)
-constexpr int kRows = 16;   // query rows per tile = lanes
-constexpr int kKeys = 16;   // keys per chunk
-constexpr int kAhead = 2;   // chunks of prefetch distance
+constexpr int kRows = 16;  // query rows per tile = lanes
+constexpr int kKeys = 16;  // keys per chunk
+constexpr int kAhead = 2;  // chunks of prefetch distance
 // Tiles of at most this many rows take the softmax's exps per row (after the transpose) rather
 // than per lane: fewer exps when most lanes are padding (decode: one query x its group's heads).
 constexpr int kRowsPathMax = 8;
@@ -120,26 +120,33 @@ FA_INLINE float key_sum(__m512 v) {
 
 // Scratch, in floats (every region a multiple of 16 floats, so all stay 64-byte aligned).
 struct Scratch {
-  float* qb;   // [hd/32][kSplits] B tiles of Q^T, 256 floats (1 KiB) each
+  float* qb;     // [hd/32][kSplits] B tiles of Q^T, 256 floats (1 KiB) each
   uint16_t* qs;  // [kSplits][16][hd] bf16 parts of the tile's query rows
-  float* o;    // [16][hd] running outputs
-  float* ct;   // [16][hd] this chunk's P . V
-  float* st;   // [2][16][16] S^T of this chunk and the next
+  float* o;      // [16][hd] running outputs
+  float* ct;     // [16][hd] this chunk's P . V
+  float* st;     // [2][16][16] S^T of this chunk and the next
   uint16_t* pa;  // [kPSplits][16][16] bf16 parts of P
   uint16_t* vb;  // [hd/16][8][32] V with key pairs interleaved
-  float* corr; // [16] this chunk's correction
+  float* corr;   // [16] this chunk's correction
   static int64_t floats(int hd) {
     return static_cast<int64_t>(hd / 32) * kSplits * 256 + kSplits * 16 * hd / 2 + 2 * 16 * hd + 512 +
            kPSplits * 128 + (hd / 16) * 128 + 16;
   }
   Scratch(float* s, int hd) {
-    qb = s; s += static_cast<int64_t>(hd / 32) * kSplits * 256;
-    qs = reinterpret_cast<uint16_t*>(s); s += kSplits * 16 * hd / 2;
-    o = s; s += 16 * hd;
-    ct = s; s += 16 * hd;
-    st = s; s += 512;
-    pa = reinterpret_cast<uint16_t*>(s); s += kPSplits * 128;
-    vb = reinterpret_cast<uint16_t*>(s); s += (hd / 16) * 128;
+    qb = s;
+    s += static_cast<int64_t>(hd / 32) * kSplits * 256;
+    qs = reinterpret_cast<uint16_t*>(s);
+    s += kSplits * 16 * hd / 2;
+    o = s;
+    s += 16 * hd;
+    ct = s;
+    s += 16 * hd;
+    st = s;
+    s += 512;
+    pa = reinterpret_cast<uint16_t*>(s);
+    s += kPSplits * 128;
+    vb = reinterpret_cast<uint16_t*>(s);
+    s += (hd / 16) * 128;
     corr = s;
   }
 };
@@ -169,7 +176,8 @@ FA_INLINE void pack_queries(const Scratch& S, int hd, int rows, const float* con
     for (int sp = 0; sp < kSplits; ++sp) {
       __m512 r[16];
       for (int n = 0; n < 16; ++n)
-        r[n] = _mm512_load_ps(reinterpret_cast<const float*>(S.qs + (static_cast<int64_t>(sp) * 16 + n) * hd + s * 32));
+        r[n] = _mm512_load_ps(
+            reinterpret_cast<const float*>(S.qs + (static_cast<int64_t>(sp) * 16 + n) * hd + s * 32));
       transpose16(r);
       float* dst = S.qb + (static_cast<int64_t>(s) * kSplits + sp) * 256;
       for (int p = 0; p < 16; ++p) _mm512_store_ps(dst + p * 16, r[p]);
@@ -179,8 +187,8 @@ FA_INLINE void pack_queries(const Scratch& S, int hd, int rows, const float* con
 // The chunk's V (keys [0, nk) of v; later keys zero: they may be unwritten cache) as B tiles of
 // key pairs: tile u row p = (v[2p][16u + i], v[2p + 1][16u + i]) for i < 16.
 FA_INLINE void pack_values(const Scratch& S, const uint16_t* v, int hd, int nk) {
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                      37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int p = 0; p < kKeys / 2; ++p) {
     const uint16_t* a = v + static_cast<int64_t>(2 * p) * hd;
@@ -188,8 +196,10 @@ FA_INLINE void pack_values(const Scratch& S, const uint16_t* v, int hd, int nk) 
     for (int h = 0; h < hd / 32; ++h) {
       const __m512i va = 2 * p < nk ? _mm512_loadu_si512(a + 32 * h) : _mm512_setzero_si512();
       const __m512i vb = 2 * p + 1 < nk ? _mm512_loadu_si512(b + 32 * h) : _mm512_setzero_si512();
-      _mm512_store_si512(S.vb + (static_cast<int64_t>(2 * h) * 8 + p) * 32, _mm512_permutex2var_epi16(va, lo, vb));
-      _mm512_store_si512(S.vb + (static_cast<int64_t>(2 * h + 1) * 8 + p) * 32, _mm512_permutex2var_epi16(va, hi, vb));
+      _mm512_store_si512(S.vb + (static_cast<int64_t>(2 * h) * 8 + p) * 32,
+                         _mm512_permutex2var_epi16(va, lo, vb));
+      _mm512_store_si512(S.vb + (static_cast<int64_t>(2 * h + 1) * 8 + p) * 32,
+                         _mm512_permutex2var_epi16(va, hi, vb));
     }
   }
 }
@@ -251,7 +261,7 @@ void attention_tiles(const AttnItem& a, float* scratch) {
       orow[n] = a.out + i * a.out_stride + static_cast<int64_t>(a.kv_head * G + h) * hd;
       if (++h == G) h = 0, ++i;
     }
-    const int last = pos[rows - 1];  // the tile's last position
+    const int last = pos[rows - 1];                 // the tile's last position
     for (int n = rows; n < 16; ++n) pos[n] = last;  // padding lanes (zero queries) see what it sees
     const __m512i posv = _mm512_load_si512(pos);
     const bool rows_path = rows <= kRowsPathMax;
@@ -378,7 +388,8 @@ void attention_tiles(const AttnItem& a, float* scratch) {
     for (int n = 0; n < rows; ++n) {
       const __m512 inv = _mm512_set1_ps(1.0f / lsum[n]);
       const float* o = S.o + static_cast<int64_t>(n) * hd;
-      for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(orow[n] + d, _mm512_mul_ps(_mm512_load_ps(o + d), inv));
+      for (int d = 0; d < hd; d += 16)
+        _mm512_storeu_ps(orow[n] + d, _mm512_mul_ps(_mm512_load_ps(o + d), inv));
     }
   }
   _tile_release();

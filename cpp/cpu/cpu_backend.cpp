@@ -34,9 +34,8 @@ CpuBackend::CpuBackend(Isa isa, int num_threads)
   amx_ = amx_ok && amx_usable();
   // Bit-equal to the VNNI kernel, so a call may take either by its row count.
   if (amx_ok && !std::strcmp(pk.name, "vnni")) amx_panel_fn_ = amx_int8_linear_panel();
-  FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size()
-                                         << " quantized kernels=" << (panel_ ? panel_name_ : "f32")
-                                         << " amx=" << (amx_ ? "on" : "off")
+  FANTAI_LOG(kDebug, "cpu backend: isa=" << k_.name << " threads=" << pool_.size() << " quantized kernels="
+                                         << (panel_ ? panel_name_ : "f32") << " amx=" << (amx_ ? "on" : "off")
                                          << " amx int8=" << (amx_panel_fn_ ? "on" : "off"));
 }
 
@@ -45,7 +44,8 @@ CpuBackend::CpuBackend(Isa isa, int num_threads)
 // other allocations already touched (the pool's resident size must mean what it says).
 void* CpuBackend::alloc(size_t bytes) {
   if (bytes >= kMapThreshold) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                   0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     std::lock_guard<std::mutex> lock(mapped_mu_);
     mapped_[p] = bytes;

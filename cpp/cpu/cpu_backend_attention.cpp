@@ -11,13 +11,13 @@
 namespace fantai::cpu {
 
 void CpuBackend::store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
-              int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L) {
-  FANTAI_REQUIRE(L.block_size > 0 && L.num_kv_heads > 0 && L.head_dim > 0,
-                 "store_kv: bad KV layout");
+                          int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L) {
+  FANTAI_REQUIRE(L.block_size > 0 && L.num_kv_heads > 0 && L.head_dim > 0, "store_kv: bad KV layout");
   const int64_t hd = L.head_dim, slots = static_cast<int64_t>(L.num_blocks) * L.block_size;
   for (int64_t t = 0; t < num_tokens; ++t)
-    FANTAI_REQUIRE(slot_mapping[t] < slots, "store_kv: slot " << slot_mapping[t] << " of token "
-                                            << t << " is past the cache (" << slots << " slots)");
+    FANTAI_REQUIRE(slot_mapping[t] < slots, "store_kv: slot " << slot_mapping[t] << " of token " << t
+                                                              << " is past the cache (" << slots
+                                                              << " slots)");
   const size_t es = dtype_size(L.dtype);
   const bool i8 = L.dtype == DType::kI8;
   float* k_scales = i8 ? reinterpret_cast<float*>(static_cast<char*>(k_cache) + L.scales_offset()) : nullptr;
@@ -74,16 +74,18 @@ void CpuBackend::build_attention_plan(const KVLayout& L, const AttentionParams& 
   const int group = num_q_heads / L.num_kv_heads;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int q0 = p.cu_seqlens_q[s], qlen = p.cu_seqlens_q[s + 1] - q0, ctx = p.context_lens[s];
-    FANTAI_REQUIRE(qlen >= 0 && ctx >= qlen, "attention: sequence " << s << " has q_len " << qlen
-                                                                    << " > context_len " << ctx);
+    FANTAI_REQUIRE(qlen >= 0 && ctx >= qlen,
+                   "attention: sequence " << s << " has q_len " << qlen << " > context_len " << ctx);
     if (qlen == 0) continue;
     const int32_t* bt = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
     const int nblocks = static_cast<int>(ceil_div(ctx, L.block_size));
-    FANTAI_REQUIRE(nblocks <= p.max_blocks_per_seq, "attention: sequence " << s << " needs "
-                   << nblocks << " blocks > max_blocks_per_seq " << p.max_blocks_per_seq);
+    FANTAI_REQUIRE(nblocks <= p.max_blocks_per_seq, "attention: sequence " << s << " needs " << nblocks
+                                                                           << " blocks > max_blocks_per_seq "
+                                                                           << p.max_blocks_per_seq);
     for (int b = 0; b < nblocks; ++b)
-      FANTAI_REQUIRE(bt[b] >= 0 && bt[b] < L.num_blocks, "attention: sequence " << s << " block "
-                     << b << " -> physical " << bt[b] << " out of range [0, " << L.num_blocks << ")");
+      FANTAI_REQUIRE(bt[b] >= 0 && bt[b] < L.num_blocks,
+                     "attention: sequence " << s << " block " << b << " -> physical " << bt[b]
+                                            << " out of range [0, " << L.num_blocks << ")");
     for (int t0 = 0; t0 < qlen; t0 += kAttnQTile)
       for (int g = 0; g < L.num_kv_heads; ++g) {
         AttnItem it;
@@ -111,9 +113,9 @@ void CpuBackend::plan_attention(const KVLayout& L, const AttentionParams& p, int
 
 void CpuBackend::end_attention_plan() { plan_.active = false; }
 
-void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache,
-                           const void* v_cache, const KVLayout& L, const AttentionParams& p,
-                           int32_t num_q_heads, float scale, float* out) {
+void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                           const KVLayout& L, const AttentionParams& p, int32_t num_q_heads, float scale,
+                           float* out) {
   // The step's plan when this call is one of its layers; otherwise (a direct call) a plan of its own.
   AttnPlan local;
   const bool planned = plan_.active && same_layout(plan_.layout, L) && same_params(plan_.params, p) &&
@@ -123,15 +125,17 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
   if (plan.items.empty()) return;
   const int group = num_q_heads / L.num_kv_heads;
   const int hd = L.head_dim;
-  const float* k_scales = L.dtype == DType::kI8
-      ? reinterpret_cast<const float*>(static_cast<const char*>(k_cache) + L.scales_offset()) : nullptr;
-  const float* v_scales = L.dtype == DType::kI8
-      ? reinterpret_cast<const float*>(static_cast<const char*>(v_cache) + L.scales_offset()) : nullptr;
+  const float* k_scales = L.dtype == DType::kI8 ? reinterpret_cast<const float*>(
+                                                      static_cast<const char*>(k_cache) + L.scales_offset())
+                                                : nullptr;
+  const float* v_scales = L.dtype == DType::kI8 ? reinterpret_cast<const float*>(
+                                                      static_cast<const char*>(v_cache) + L.scales_offset())
+                                                : nullptr;
   // bf16 KV with AMX: tile kernel for every item of the call (and of every call: the choice
   // depends only on the layout).
   const bool amx_attn = amx_ && L.dtype == DType::kBF16 && amx_attention_supported(hd, L.block_size);
-  const int64_t need =
-      amx_attn ? amx_attn_scratch_floats(hd) : attn_scratch_floats(kAttnQTile, group, hd, L.block_size);
+  const int64_t need = amx_attn ? amx_attn_scratch_floats(hd)
+                                : attn_scratch_floats(kAttnQTile, group, hd, L.block_size);
   // Per-thread scratch, per call (a few KiB per thread), so concurrent calls share nothing.
   const int64_t per = (need + 16 + 15) / 16 * 16;
   std::vector<float> scratch(static_cast<size_t>(per * pool_.size() + 16));

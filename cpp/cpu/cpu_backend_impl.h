@@ -40,8 +40,8 @@ class CpuBackend final : public Backend {
   void fill_zero(void* dst, size_t bytes) override;
   void release_pages(void* ptr, size_t bytes) override;
 
-  void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
-              int64_t n, int64_t k) override;
+  void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m, int64_t n,
+              int64_t k) override;
 
   bool set_matmul_precision(DType precision) override;
 
@@ -157,13 +157,13 @@ class CpuBackend final : public Backend {
   static constexpr int64_t kAmxPanelMinRows = 16;
   static constexpr int64_t kAmxChunkBytes = 512 << 10;  // bf16 weights per linear_packed task
   bool panel_ = false;
-  bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
+  bool amx_ = false;       // bf16 dense matrices are packed into AMX tiles at load
   bool bf16_act_ = false;  // set_matmul_precision(kBF16) on AMX: one bf16 part, not two (or three)
   ThreadPool pool_;
-  std::vector<float> perm_scratch_;  // linear_q act-order gather; the step thread is the only caller
+  std::vector<float> perm_scratch_;        // linear_q act-order gather; the step thread is the only caller
   std::vector<uint16_t> amx_hi_, amx_lo_;  // linear_packed's bf16 halves of x; likewise
   std::vector<uint16_t> amx_act_hi_, amx_act_lo_;  // mlp_packed's activation halves; likewise
-  std::vector<int8_t> xq_q_;                // linear_panel's int8 activations; likewise
+  std::vector<int8_t> xq_q_;                       // linear_panel's int8 activations; likewise
   std::vector<float> xq_d_;
   std::vector<int32_t> xq_s_;
   std::mutex mapped_mu_;

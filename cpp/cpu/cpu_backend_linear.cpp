@@ -7,7 +7,7 @@
 namespace fantai::cpu {
 
 void CpuBackend::linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
-            int64_t n, int64_t k) {
+                        int64_t n, int64_t k) {
   FANTAI_REQUIRE(m >= 0 && n >= 0 && k > 0, "linear: bad shape m=" << m << " n=" << n << " k=" << k);
   FANTAI_REQUIRE(w_dtype != DType::kI8, "linear: int8 is a KV-cache-only dtype");
   if (m == 0 || n == 0) return;
@@ -29,16 +29,17 @@ size_t CpuBackend::dense_packed_bytes(DType dt, int64_t n, int64_t k) const {
 }
 
 void CpuBackend::pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst) {
-  FANTAI_REQUIRE(dense_packed_bytes(dt, n, k) > 0, "pack_dense: no packed layout for " << dtype_name(dt)
-                                                     << " [" << n << ", " << k << "] on this cpu backend");
+  FANTAI_REQUIRE(dense_packed_bytes(dt, n, k) > 0, "pack_dense: no packed layout for "
+                                                       << dtype_name(dt) << " [" << n << ", " << k
+                                                       << "] on this cpu backend");
   amx_pack_bf16(static_cast<const uint16_t*>(w), n, k, dst);
 }
 
 // AMX: x split into bf16 hi/lo rows once per call (per row, so batch invariant), then tasks of
 // a column chunk x a row block over the pool; each task sets up and releases the tiles of its
 // thread.
-void CpuBackend::linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y, int64_t m,
-                   int64_t n, int64_t k) {
+void CpuBackend::linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y,
+                               int64_t m, int64_t n, int64_t k) {
   FANTAI_REQUIRE(m >= 0 && n > 0 && k > 0, "linear_packed: bad shape m=" << m << " n=" << n << " k=" << k);
   FANTAI_REQUIRE(amx_ && dt == DType::kBF16, "linear_packed: matrix was not packed by this cpu backend");
   if (m == 0) return;
@@ -50,8 +51,8 @@ void CpuBackend::linear_packed(const float* x, const void* packed, DType dt, con
 // gate|up with silu(gate) * up fused into its tiles' epilogue, written straight as the down
 // projection's bf16 halves: the f32 gate|up rows (m x 2 inter), the silu_mul pass and the split
 // of its output never touch memory. Same bits as linear_packed + silu_mul + linear_packed.
-bool CpuBackend::mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out, int64_t m,
-                int64_t inter, int64_t hidden) {
+bool CpuBackend::mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out,
+                            int64_t m, int64_t inter, int64_t hidden) {
   if (!amx_ || dt != DType::kBF16 || m <= 0 || inter <= 0 || hidden <= 0 || inter % 32 != 0) return false;
   uint16_t *hi, *lo;
   split_packed(x, m, 2 * inter, hidden, &hi, &lo);
@@ -73,7 +74,8 @@ uint16_t* CpuBackend::aligned64(std::vector<uint16_t>& v) {
 
 // x [m, k] into bf16 halves, [amx_m_pad(m), amx_k_pad(k)] with zero padding (every element the
 // tiles read). n only sizes the call (tiny calls run as one task).
-void CpuBackend::split_packed(const float* x, int64_t m, int64_t n, int64_t k, uint16_t** hi_out, uint16_t** lo_out) {
+void CpuBackend::split_packed(const float* x, int64_t m, int64_t n, int64_t k, uint16_t** hi_out,
+                              uint16_t** lo_out) {
   const int64_t kp = amx_k_pad(k), mp = amx_m_pad(m);
   // Grow-only scratch: a fresh zeroed vector per call cost a memset of both halves per linear.
   const size_t need = static_cast<size_t>(mp * kp) + 32;
@@ -93,8 +95,8 @@ void CpuBackend::split_packed(const float* x, int64_t m, int64_t n, int64_t k, u
 
 // amx_linear_bf16 over the pool (act: the fused gate|up, whose units are gate blocks paired with
 // their up blocks).
-void CpuBackend::run_packed(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed, int64_t n,
-                const float* bias, float* y, const AmxActOut* act) {
+void CpuBackend::run_packed(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed,
+                            int64_t n, const float* bias, float* y, const AmxActOut* act) {
   const int T = pool_.size();
   // One task for tiny calls. One thread still takes column chunks: they are for the cache, not
   // the pool (a single task sweeping all of gate|up's 3.5 MB per row tile from L3 ran 4.7x slower).
@@ -113,8 +115,8 @@ void CpuBackend::run_packed(const uint16_t* hi, const uint16_t* lo, int64_t m, i
   const int64_t row_block = ceil_div(ceil_div(m, row_blocks), 16) * 16;
   pool_.parallel_for(ceil_div(m, row_block) * chunks, [&](int64_t t, int) {
     const int64_t rb = t / chunks, cb = t % chunks;
-    amx_linear_bf16(hi, lo, m, k, packed, n, bias, y, n, rb * row_block, (rb + 1) * row_block,
-                    cb * chunk, (cb + 1) * chunk, act);
+    amx_linear_bf16(hi, lo, m, k, packed, n, bias, y, n, rb * row_block, (rb + 1) * row_block, cb * chunk,
+                    (cb + 1) * chunk, act);
   });
 }
 
@@ -127,7 +129,7 @@ QuantMatrix CpuBackend::pack_quant(const QuantMatrix& canonical, void* dst) {
 }
 
 void CpuBackend::linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-              int64_t ldy) {
+                          int64_t ldy) {
   FANTAI_REQUIRE(w.layout == kCpuQuantLayout || (is_panel_layout(w.layout) && panel_fn_),
                  "linear_q: matrix was not packed by this cpu backend");
   FANTAI_REQUIRE(m >= 0 && ldy >= w.rows, "linear_q: bad shape m=" << m << " ldy=" << ldy);
@@ -153,8 +155,9 @@ void CpuBackend::embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& t
   FANTAI_REQUIRE(table.layout == kCpuQuantLayout || is_panel_layout(table.layout),
                  "embedding_q: table was not packed by the cpu backend");
   for (int64_t i = 0; i < n; ++i)
-    FANTAI_REQUIRE(ids[i] >= 0 && ids[i] < table.rows, "embedding: token id " << ids[i] << " at "
-                                                        << i << " is outside [0, " << table.rows << ")");
+    FANTAI_REQUIRE(ids[i] >= 0 && ids[i] < table.rows, "embedding: token id " << ids[i] << " at " << i
+                                                                              << " is outside [0, "
+                                                                              << table.rows << ")");
   const int64_t k = table.cols;
   const auto fn = is_panel_layout(table.layout) ? panel_dequant_row : qk_.dequant_row;
   std::vector<float> tmp(table.perm ? static_cast<size_t>(n * k) : 0);
@@ -169,7 +172,7 @@ void CpuBackend::embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& t
 // The panel path: activations to int8 blocks once per call (per row, so batch invariant), then
 // 16-row panels spread over the pool like the dense linear's column chunks.
 void CpuBackend::linear_panel(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                  int64_t ldy) {
+                              int64_t ldy) {
   const int64_t k = w.cols, panels = ceil_div(w.rows, 16);
   const int32_t block = xq_block(w);
   QuantizedRows xq;

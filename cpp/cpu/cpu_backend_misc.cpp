@@ -6,24 +6,23 @@
 namespace fantai::cpu {
 
 void CpuBackend::rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
-              float eps) {
+                          float eps) {
   FANTAI_REQUIRE(dim > 0 && rows >= 0, "rms_norm: bad shape rows=" << rows << " dim=" << dim);
   const auto fn = k_.rms_norm;
   for_rows(rows, dim, [&](int64_t r) { fn(x + r * dim, weight, out + r * dim, dim, eps); });
 }
 
 void CpuBackend::add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
-                  int64_t dim, float eps) {
+                              int64_t dim, float eps) {
   FANTAI_REQUIRE(dim > 0 && rows >= 0, "add_rms_norm: bad shape rows=" << rows << " dim=" << dim);
   const auto fn = k_.add_rms_norm;
-  for_rows(rows, dim, [&](int64_t r) {
-    fn(residual + r * dim, x + r * dim, weight, out + r * dim, dim, eps);
-  });
+  for_rows(rows, dim,
+           [&](int64_t r) { fn(residual + r * dim, x + r * dim, weight, out + r * dim, dim, eps); });
 }
 
 void CpuBackend::rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
-          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-          const float* cos_sin) {
+                      int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                      const float* cos_sin) {
   FANTAI_REQUIRE(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim must be even, got " << head_dim);
   const auto fn = k_.rope;
   for_rows(num_tokens, static_cast<int64_t>(num_q_heads + num_kv_heads) * head_dim, [&](int64_t t) {
@@ -41,15 +40,14 @@ void CpuBackend::silu_mul(const float* gate_up, float* out, int64_t rows, int64_
 }
 
 void CpuBackend::embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
-               float* out) {
+                           float* out) {
   FANTAI_REQUIRE(dtype != DType::kI8, "embedding: int8 is a KV-cache-only dtype");
   const size_t es = dtype_size(dtype);
   const auto fn = k_.to_f32;
   for (int64_t i = 0; i < n; ++i)  // checked here: a throw inside a pool task cannot propagate
     FANTAI_REQUIRE(ids[i] >= 0, "embedding: negative token id " << ids[i] << " at " << i);
   for_rows(n, dim, [&](int64_t i) {
-    fn(static_cast<const char*>(table) + static_cast<size_t>(ids[i]) * dim * es, dtype,
-       out + i * dim, dim);
+    fn(static_cast<const char*>(table) + static_cast<size_t>(ids[i]) * dim * es, dtype, out + i * dim, dim);
   });
 }
 
@@ -57,7 +55,10 @@ void CpuBackend::add(float* x, const float* y, int64_t n) {
   // Elementwise, so any split is invariant; 4096-float chunks keep tasks coarse.
   const int64_t chunk = 4096;
   const auto fn = k_.add;
-  if (n < kParallelMinWork) { fn(x, y, n); return; }
+  if (n < kParallelMinWork) {
+    fn(x, y, n);
+    return;
+  }
   pool_.parallel_for(ceil_div(n, chunk), [&](int64_t c, int) {
     const int64_t i0 = c * chunk;
     fn(x + i0, y + i0, std::min(chunk, n - i0));

@@ -42,8 +42,7 @@ CpuFeatures probe() {
   CpuFeatures f;
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-  const bool osxsave = c & (1u << 27), avx = c & (1u << 28), fma = c & (1u << 12),
-             f16c = c & (1u << 29);
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28), fma = c & (1u << 12), f16c = c & (1u << 29);
   if (!osxsave || !avx) return f;
   const uint64_t xcr0 = xgetbv0();
   if ((xcr0 & 0x6) != 0x6) return f;  // OS must save XMM and YMM state
@@ -75,13 +74,12 @@ Isa choose() {
   if (!env || !*env) return hw;
   Isa want;
   if (!parse_isa(env, &want)) {
-    FANTAI_LOG(kWarning, "FANTAI_CPU_ISA='" << env << "' not understood (avx512|avx2|scalar); using "
-                                            << isa_name(hw));
+    FANTAI_LOG(kWarning,
+               "FANTAI_CPU_ISA='" << env << "' not understood (avx512|avx2|scalar); using " << isa_name(hw));
     return hw;
   }
   if (static_cast<int>(want) > static_cast<int>(hw)) {
-    FANTAI_LOG(kWarning, "FANTAI_CPU_ISA=" << env << " not supported by this CPU; using "
-                                           << isa_name(hw));
+    FANTAI_LOG(kWarning, "FANTAI_CPU_ISA=" << env << " not supported by this CPU; using " << isa_name(hw));
     return hw;
   }
   return want;
@@ -97,7 +95,8 @@ const CpuFeatures& cpu_features() {
 CpuSwitches cpu_switches() {
   CpuSwitches s;
   const char* qk = std::getenv("FANTAI_QUANT_KERNEL");
-  FANTAI_REQUIRE(!qk || !*qk || !std::strcmp(qk, "f32") || !std::strcmp(qk, "int8") || !std::strcmp(qk, "vnni"),
+  FANTAI_REQUIRE(!qk || !*qk || !std::strcmp(qk, "f32") || !std::strcmp(qk, "int8") ||
+                     !std::strcmp(qk, "vnni"),
                  "FANTAI_QUANT_KERNEL='" << qk << "' not understood (int8|f32)");
   s.quant_f32 = qk && !std::strcmp(qk, "f32");
   const char* amx = std::getenv("FANTAI_AMX");
@@ -124,9 +123,18 @@ const char* isa_name(Isa isa) {
 }
 
 bool parse_isa(const char* s, Isa* out) {
-  if (!std::strcmp(s, "avx512")) { *out = Isa::kAvx512; return true; }
-  if (!std::strcmp(s, "avx2")) { *out = Isa::kAvx2; return true; }
-  if (!std::strcmp(s, "scalar")) { *out = Isa::kScalar; return true; }
+  if (!std::strcmp(s, "avx512")) {
+    *out = Isa::kAvx512;
+    return true;
+  }
+  if (!std::strcmp(s, "avx2")) {
+    *out = Isa::kAvx2;
+    return true;
+  }
+  if (!std::strcmp(s, "scalar")) {
+    *out = Isa::kScalar;
+    return true;
+  }
   return false;
 }
 

@@ -9,11 +9,11 @@ enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 // What the CPU and the OS offer, probed once.
 struct CpuFeatures {
-  Isa isa = Isa::kScalar;     // highest level both the CPU and the OS (saved register state) support
-  bool avx512_vnni = false;   // vpdpbusd (with isa == kAvx512)
-  bool avx512_bf16 = false;   // vdpbf16ps, vcvtneps2bf16 (with isa == kAvx512)
-  bool amx_bf16 = false;      // AMX-TILE + AMX-BF16 (+ AVX512-BF16), tile state granted by Linux
-  bool amx_int8 = false;      // AMX-TILE + AMX-INT8, tile state granted by Linux
+  Isa isa = Isa::kScalar;    // highest level both the CPU and the OS (saved register state) support
+  bool avx512_vnni = false;  // vpdpbusd (with isa == kAvx512)
+  bool avx512_bf16 = false;  // vdpbf16ps, vcvtneps2bf16 (with isa == kAvx512)
+  bool amx_bf16 = false;     // AMX-TILE + AMX-BF16 (+ AVX512-BF16), tile state granted by Linux
+  bool amx_int8 = false;     // AMX-TILE + AMX-INT8, tile state granted by Linux
 };
 const CpuFeatures& cpu_features();
 

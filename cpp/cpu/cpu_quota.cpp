@@ -71,14 +71,16 @@ int cgroup_cpu_quota(const std::string& root, const std::string& proc_cgroup) {
         std::istringstream in(v);
         std::string q;
         long long period = 0;
-        if (in >> q >> period && q != "max") best = min_quota(best, quota_cpus(std::atoll(q.c_str()), period));
+        if (in >> q >> period && q != "max")
+          best = min_quota(best, quota_cpus(std::atoll(q.c_str()), period));
       });
     } else if (("," + controllers + ",").find(",cpu,") != std::string::npos) {
       // v1 mounts the cpu controller at root/cpu or root/cpu,cpuacct.
       for (const char* mount : {"/cpu", "/cpu,cpuacct", "/cpuacct,cpu"})
         for_each_level(root + mount, path, [&](const std::string& dir) {
           std::string qs, ps;
-          if (!read_file(dir + "/cpu.cfs_quota_us", &qs) || !read_file(dir + "/cpu.cfs_period_us", &ps)) return;
+          if (!read_file(dir + "/cpu.cfs_quota_us", &qs) || !read_file(dir + "/cpu.cfs_period_us", &ps))
+            return;
           best = min_quota(best, quota_cpus(std::atoll(qs.c_str()), std::atoll(ps.c_str())));
         });
     }

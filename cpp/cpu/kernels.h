@@ -36,8 +36,7 @@ struct AttnItem {
 };
 
 // Floats of scratch attention() needs for one item.
-inline int64_t attn_scratch_floats(int32_t num_q, int32_t group, int32_t head_dim,
-                                   int32_t block_size) {
+inline int64_t attn_scratch_floats(int32_t num_q, int32_t group, int32_t head_dim, int32_t block_size) {
   // Per (row, head): head_dim outputs + max + sum + one block's scores (padded to 16 lanes, plus
   // 16 of slack) + the block's softmax correction; then one block of K and of V in f32.
   return static_cast<int64_t>(num_q) * group * (head_dim + 3 + block_size + 32) +
@@ -50,12 +49,11 @@ struct KernelTable {
   const char* name;
   // y[r, j] = x[r, :] . w[j, :] (+ bias[j]) for r in [0, m), j in [j0, j1).
   // x: [m, k]; w: [n, k] in wt; y: [m, ldy]. Every y element uses one fixed k-order.
-  void (*linear)(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m,
-                 int64_t ldy, int64_t k, int64_t j0, int64_t j1);
+  void (*linear)(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m, int64_t ldy,
+                 int64_t k, int64_t j0, int64_t j1);
   // One row each. out may alias x.
   void (*rms_norm)(const float* x, const float* w, float* out, int64_t dim, float eps);
-  void (*add_rms_norm)(float* residual, const float* x, const float* w, float* out, int64_t dim,
-                       float eps);
+  void (*add_rms_norm)(float* residual, const float* x, const float* w, float* out, int64_t dim, float eps);
   // One token: x holds num_heads heads of head_dim at x + h * head_dim; cs: [head_dim] cos|sin.
   void (*rope)(float* x, int32_t num_heads, int32_t head_dim, const float* cs);
   // out[i] = silu(gate[i]) * up[i], i < n.
@@ -82,23 +80,21 @@ const KernelTable& kernels_for(Isa isa);
 
 // Slow, obvious implementations of every Backend op (double accumulation): the test oracle.
 namespace ref {
-void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m,
-            int64_t n, int64_t k);
-void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
-              float eps);
-void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
-                  int64_t dim, float eps);
+void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m, int64_t n,
+            int64_t k);
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
+void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                  float eps);
 void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
           int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
           const float* cos_sin);
-void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
-              int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout);
+void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping, int64_t num_tokens,
+              void* k_cache, void* v_cache, const KVLayout& layout);
 void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
                float* out);
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
-void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
-               float* out);
+void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out);
 void add(float* x, const float* y, int64_t n);
 // The sampler's row reductions in one lane, std::exp, summed in order.
 MaxSumExp max_sum_exp(const float* l, int32_t n);

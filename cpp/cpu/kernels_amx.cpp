@@ -116,40 +116,40 @@ FA_INLINE void store_out(const Out& o, float* c, Epilogue* epi) {
 // Weights load with the streaming hint (tileloaddt1) where stream is set: each weight tile is used
 // once per row tile, and without the hint they pushed the row tile's hi/lo rows out of L1 (pp512
 // +6%; with 2 threads the kernel alone went from ~15 to ~10 ns per tile product).
-#define FA_LOAD_W(T, src)                     \
-  do {                                        \
+#define FA_LOAD_W(T, src)                       \
+  do {                                          \
     if (stream) _tile_stream_loadd(T, src, 64); \
-    else _tile_loadd(T, src, 64);             \
+    else _tile_loadd(T, src, 64);               \
   } while (0)
 
 // C tiles 2S, 2S+1 = one 16-row tile of x (hi/lo in tiles 4/5) against two column blocks (the
 // second may be absent: TWO false), the k tiles in order, hi then lo. The previous sweep's output
 // (the other tile pair) is stored after this sweep's first k tile is issued, so the tile unit is
 // not drained between sweeps (storing right after the last product stalled it, ~25% of the time).
-#define FA_SWEEP(C0, C1, OTHER)                              \
-  do {                                                       \
-    if (init) {                                              \
-      _tile_loadd(C0, init, 32 * 4);                         \
-      if constexpr (TWO) _tile_loadd(C1, init + 16, 32 * 4); \
-    } else {                                                 \
-      _tile_zero(C0);                                        \
-      if constexpr (TWO) _tile_zero(C1);                     \
-    }                                                        \
-    for (int64_t kb = k0; kb < k1; ++kb) {                   \
-      _tile_loadd(4, hi + kb * 32, ldx_bytes);               \
+#define FA_SWEEP(C0, C1, OTHER)                                  \
+  do {                                                           \
+    if (init) {                                                  \
+      _tile_loadd(C0, init, 32 * 4);                             \
+      if constexpr (TWO) _tile_loadd(C1, init + 16, 32 * 4);     \
+    } else {                                                     \
+      _tile_zero(C0);                                            \
+      if constexpr (TWO) _tile_zero(C1);                         \
+    }                                                            \
+    for (int64_t kb = k0; kb < k1; ++kb) {                       \
+      _tile_loadd(4, hi + kb * 32, ldx_bytes);                   \
       if constexpr (LO) _tile_loadd(5, lo + kb * 32, ldx_bytes); \
-      FA_LOAD_W(6, w0 + kb * kTileBytes);                    \
-      _tile_dpbf16ps(C0, 4, 6);                              \
-      if constexpr (LO) _tile_dpbf16ps(C0, 5, 6);            \
-      if constexpr (TWO) {                                   \
-        FA_LOAD_W(7, w1 + kb * kTileBytes);                  \
-        _tile_dpbf16ps(C1, 4, 7);                            \
-        if constexpr (LO) _tile_dpbf16ps(C1, 5, 7);          \
-      }                                                      \
-      if (kb == k0 && prev) store_out<OTHER>(*prev, c, epi); \
-      else if (epi) epi->step(c);                            \
-    }                                                        \
-    if constexpr (!TWO) _tile_zero(C1);                      \
+      FA_LOAD_W(6, w0 + kb * kTileBytes);                        \
+      _tile_dpbf16ps(C0, 4, 6);                                  \
+      if constexpr (LO) _tile_dpbf16ps(C0, 5, 6);                \
+      if constexpr (TWO) {                                       \
+        FA_LOAD_W(7, w1 + kb * kTileBytes);                      \
+        _tile_dpbf16ps(C1, 4, 7);                                \
+        if constexpr (LO) _tile_dpbf16ps(C1, 5, 7);              \
+      }                                                          \
+      if (kb == k0 && prev) store_out<OTHER>(*prev, c, epi);     \
+      else if (epi) epi->step(c);                                \
+    }                                                            \
+    if constexpr (!TWO) _tile_zero(C1);                          \
   } while (0)
 
 // k tiles [k0, k1) of one sweep, starting from zero or from the partial sums at init (16 x 32
@@ -322,11 +322,21 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
   // y, or (k chunks before the last) the partial sums pt.
   auto out_for = [&](const Sweep& s, int64_t r, int rows, float* pt) {
     if (s.last && act)
-      return Out{nullptr, act->ld, nullptr, rows, 32, trows, act->hi + r * act->ld + s.j0,
+      return Out{nullptr,
+                 act->ld,
+                 nullptr,
+                 rows,
+                 32,
+                 trows,
+                 act->hi + r * act->ld + s.j0,
                  act->lo ? act->lo + r * act->ld + s.j0 : nullptr};
     if (s.last)
-      return Out{y + r * ldy + s.j0, ldy, bias ? bias + s.j0 : nullptr, rows,
-                 static_cast<int>(n - s.j0 < (s.two ? 32 : 16) ? n - s.j0 : (s.two ? 32 : 16)), trows};
+      return Out{y + r * ldy + s.j0,
+                 ldy,
+                 bias ? bias + s.j0 : nullptr,
+                 rows,
+                 static_cast<int>(n - s.j0 < (s.two ? 32 : 16) ? n - s.j0 : (s.two ? 32 : 16)),
+                 trows};
     return Out{pt, 32, nullptr, trows, 32, trows};
   };
   // bf16 activations: row tiles in pairs (the last one alone, below). Same k order per element,
@@ -348,8 +358,12 @@ void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t 
         float* pt1 = part2[1][s.slot];
         const float* init0 = s.first ? nullptr : pt0;
         const float* init1 = s.first ? nullptr : pt1;
-        if (s.two) sweep_rows2<true>(h0, h1, kp * 2, s.w0, s.w1, s.k0, s.k1, init0, init1, stream, e0, e1, c2[0], c2[1]);
-        else sweep_rows2<false>(h0, h1, kp * 2, s.w0, nullptr, s.k0, s.k1, init0, init1, stream, e0, e1, c2[0], c2[1]);
+        if (s.two)
+          sweep_rows2<true>(h0, h1, kp * 2, s.w0, s.w1, s.k0, s.k1, init0, init1, stream, e0, e1, c2[0],
+                            c2[1]);
+        else
+          sweep_rows2<false>(h0, h1, kp * 2, s.w0, nullptr, s.k0, s.k1, init0, init1, stream, e0, e1, c2[0],
+                             c2[1]);
         store_out<0>(out_for(s, r, 16, pt0), c2[0], e0);
         store_out<1>(out_for(s, r + 16, rows1, pt1), c2[1], e1);
       });

@@ -44,7 +44,7 @@ void amx_split_rows(const float* x, int64_t k, int64_t r0, int64_t r1, int64_t r
 struct AmxActOut {
   uint16_t* hi;
   uint16_t* lo;  // null: bf16 activations, hi = bf16(silu(gate) * up) only
-  int64_t ld;  // row stride in elements (the down projection's amx_k_pad(inter))
+  int64_t ld;    // row stride in elements (the down projection's amx_k_pad(inter))
 };
 void amx_linear_bf16(const uint16_t* hi, const uint16_t* lo, int64_t m, int64_t k, const void* packed,
                      int64_t n, const float* bias, float* y, int64_t ldy, int64_t r0, int64_t r1, int64_t b0,

@@ -39,7 +39,9 @@ FT_INLINE V loadw_n(const void* base, int64_t i, int n) {
   else return VT::load_i8_n(static_cast<const int8_t*>(base) + i, n);
 }
 template <int DT>
-constexpr int elem_bytes() { return DT == 0 ? 4 : DT == 3 ? 1 : 2; }
+constexpr int elem_bytes() {
+  return DT == 0 ? 4 : DT == 3 ? 1 : 2;
+}
 
 FT_INLINE float fmax_(float a, float b) { return a > b ? a : b; }
 FT_INLINE int imin_(int a, int b) { return a < b ? a : b; }
@@ -52,8 +54,8 @@ FT_INLINE int imin_(int a, int b) { return a < b ? a : b; }
 // many bytes of it as it consumes of this tile, so DRAM streams ahead of the FMAs (rows are only
 // k long, too short for the hardware prefetcher to ramp up on C interleaved streams).
 template <int R, int C, int DT>
-FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float* y, int64_t ldy,
-                        int64_t k, int64_t j, const char* pf = nullptr) {
+FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float* y, int64_t ldy, int64_t k,
+                        int64_t j, const char* pf = nullptr) {
   constexpr int kEs = elem_bytes<DT>(), kPfStep = C * W * kEs;
   V acc[R][C];
 #pragma GCC unroll 8
@@ -100,8 +102,8 @@ FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float*
 
 // lin_tile with a run-time row count in [1, RR] (the last, partial row tile of a batch).
 template <int RR, int C, int DT>
-FT_INLINE void lin_rows(int rows, const float* x, const void* w, const float* bias, float* y,
-                        int64_t ldy, int64_t k, int64_t j, const char* pf) {
+FT_INLINE void lin_rows(int rows, const float* x, const void* w, const float* bias, float* y, int64_t ldy,
+                        int64_t k, int64_t j, const char* pf) {
   if constexpr (RR > 1) {
     if (rows < RR) return lin_rows<RR - 1, C, DT>(rows, x, w, bias, y, ldy, k, j, pf);
   }
@@ -109,8 +111,8 @@ FT_INLINE void lin_rows(int rows, const float* x, const void* w, const float* bi
 }
 
 template <int DT>
-void linear_t(const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t ldy,
-              int64_t k, int64_t j0, int64_t j1) {
+void linear_t(const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t ldy, int64_t k,
+              int64_t j0, int64_t j1) {
   constexpr int R = VT::kTileRows, C = VT::kTileCols, C1 = VT::kDecodeCols;
   constexpr int kEs = elem_bytes<DT>();
   const char* wb = static_cast<const char*>(w);
@@ -142,8 +144,8 @@ void linear_t(const float* x, const void* w, const float* bias, float* y, int64_
   }
 }
 
-void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m,
-            int64_t ldy, int64_t k, int64_t j0, int64_t j1) {
+void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m, int64_t ldy,
+            int64_t k, int64_t j0, int64_t j1) {
   switch (wt) {
     case DType::kF32: linear_t<0>(x, w, bias, y, m, ldy, k, j0, j1); return;
     case DType::kF16: linear_t<1>(x, w, bias, y, m, ldy, k, j0, j1); return;
@@ -345,7 +347,10 @@ struct Prefetch {
       __builtin_prefetch(v + at, 0, 3);
     }
   }
-  FT_INLINE void rest() { step = bytes; next(); }
+  FT_INLINE void rest() {
+    step = bytes;
+    next();
+  }
 };
 
 // Keys per score tile of rr rows: the largest power of two with rr * keys <= W, so tiles divide a
@@ -485,7 +490,8 @@ template <int DT>
 FT_INLINE void rows_to_f32(const void* c, int64_t base, int64_t n, float* dst) {
   const int64_t nv = n - n % W;
   for (int64_t i = 0; i < nv; i += W) VT::store(dst + i, loadw<DT>(c, base + i));
-  if (nv < n) VT::store_n(dst + nv, loadw_n<DT>(c, base + nv, static_cast<int>(n - nv)), static_cast<int>(n - nv));
+  if (nv < n)
+    VT::store_n(dst + nv, loadw_n<DT>(c, base + nv, static_cast<int>(n - nv)), static_cast<int>(n - nv));
 }
 
 template <int DT>
@@ -493,19 +499,24 @@ void attention_t(const AttnItem& a, float* scratch) {
   constexpr int RQ = VT::kAttnQkRows, RP = VT::kAttnRows;
   const int G = a.group, hd = a.head_dim, bs = a.block_size, nq = a.num_q;
   const int nh = nq * G;
-  const int bsp = (bs + W - 1) / W * W + W;  // score row: bs rounded up to W, plus a tile's overhang
-  float* acc = scratch;                                 // [nh, hd] unnormalised outputs
-  float* mx = acc + static_cast<int64_t>(nh) * hd;     // [nh] running max
-  float* sum = mx + nh;                                 // [nh] running denominator
-  float* sc = sum + nh;                                 // [nh, bsp] one block's scores
-  float* kf = sc + static_cast<int64_t>(nh) * bsp;     // [bs, hd] the block's K in f32
-  float* vf = kf + static_cast<int64_t>(bs) * hd;      // [bs, hd] and V
-  float* cr = vf + static_cast<int64_t>(bs) * hd;      // [nh] this block's softmax correction
+  const int bsp = (bs + W - 1) / W * W + W;         // score row: bs rounded up to W, plus a tile's overhang
+  float* acc = scratch;                             // [nh, hd] unnormalised outputs
+  float* mx = acc + static_cast<int64_t>(nh) * hd;  // [nh] running max
+  float* sum = mx + nh;                             // [nh] running denominator
+  float* sc = sum + nh;                             // [nh, bsp] one block's scores
+  float* kf = sc + static_cast<int64_t>(nh) * bsp;  // [bs, hd] the block's K in f32
+  float* vf = kf + static_cast<int64_t>(bs) * hd;   // [bs, hd] and V
+  float* cr = vf + static_cast<int64_t>(bs) * hd;   // [nh] this block's softmax correction
   for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) acc[i] = 0.f;
-  for (int i = 0; i < nh; ++i) { mx[i] = -__builtin_inff(); sum[i] = 0.f; }
+  for (int i = 0; i < nh; ++i) {
+    mx[i] = -__builtin_inff();
+    sum[i] = 0.f;
+  }
 
   // Row r = query i * G + head h: its q, output and score row.
-  auto q_of = [&](int r) { return a.q + (r / G) * a.q_stride + static_cast<int64_t>(a.kv_head * G + r % G) * hd; };
+  auto q_of = [&](int r) {
+    return a.q + (r / G) * a.q_stride + static_cast<int64_t>(a.kv_head * G + r % G) * hd;
+  };
   const int last_pos = a.first_pos + nq - 1;
   const int nblocks = last_pos / bs + 1;
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
@@ -555,7 +566,8 @@ void attention_t(const AttnItem& a, float* scratch) {
     // Block b + kAhead, spread over this block's score tiles.
     Prefetch pf = prefetch_block(b + kAhead);
     {
-      const int rq = imin_(RQ, nh - r0), kc = qk_keys(rq), tiles = (nh - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
+      const int rq = imin_(RQ, nh - r0), kc = qk_keys(rq),
+                tiles = (nh - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
       pf.step = (head_bytes / tiles + 63) / 64 * 64;
     }
     // Scores. A row past its own position's keys gets extra columns it never reads.
@@ -565,10 +577,8 @@ void attention_t(const AttnItem& a, float* scratch) {
         qs[t] = q_of(r + t);
         srow[t] = sc + static_cast<int64_t>(r + t) * bsp;
       }
-      if (DT == 0 || convert)
-        qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
-      else
-        qk_rows<RQ, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+      if (DT == 0 || convert) qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+      else qk_rows<RQ, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
     }
     pf.rest();
     // Softmax of every row that sees this block, W rows at a time.
@@ -591,10 +601,8 @@ void attention_t(const AttnItem& a, float* scratch) {
         os[rows] = acc + static_cast<int64_t>(r + rows) * hd;
         ++rows;
       }
-      if (DT == 0 || convert)
-        pv_rows<RP, 0>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
-      else
-        pv_rows<RP, DT>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
+      if (DT == 0 || convert) pv_rows<RP, 0>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
+      else pv_rows<RP, DT>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
       r += rows;
     }
   }
@@ -626,7 +634,7 @@ void hsum_both(const float* x, float* tree, float* each) {
 
 #include "cpu/kernels_reduce_impl.h"
 
-const KernelTable kTable = {VT::kName, linear, rms_norm, add_rms_norm, rope, silu_mul, add, to_f32,
-                            attention, row_max_sum_exp, row_argmax, W, hsum_both};
+const KernelTable kTable = {VT::kName, linear,    rms_norm,        add_rms_norm, rope, silu_mul, add,
+                            to_f32,    attention, row_max_sum_exp, row_argmax,   W,    hsum_both};
 
 #undef FT_INLINE

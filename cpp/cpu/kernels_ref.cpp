@@ -40,8 +40,8 @@ void put(void* base, DType t, int64_t i, float v) {
 
 }  // namespace
 
-void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m,
-            int64_t n, int64_t k) {
+void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m, int64_t n,
+            int64_t k) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t j = 0; j < n; ++j) {
       double s = bias ? bias[j] : 0.0;
@@ -50,19 +50,17 @@ void linear(const float* x, const void* w, DType wt, const float* bias, float* y
     }
 }
 
-void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
-              float eps) {
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;
     for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
     const double inv = 1.0 / std::sqrt(ss / dim + eps);
-    for (int64_t i = 0; i < dim; ++i)
-      out[r * dim + i] = static_cast<float>(x[r * dim + i] * inv * weight[i]);
+    for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = static_cast<float>(x[r * dim + i] * inv * weight[i]);
   }
 }
 
-void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
-                  int64_t dim, float eps) {
+void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                  float eps) {
   for (int64_t i = 0; i < rows * dim; ++i) residual[i] += x[i];
   rms_norm(residual, weight, out, rows, dim, eps);
 }
@@ -85,8 +83,8 @@ void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t*
   }
 }
 
-void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
-              int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L) {
+void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping, int64_t num_tokens,
+              void* k_cache, void* v_cache, const KVLayout& L) {
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
@@ -111,9 +109,8 @@ void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slo
   }
 }
 
-void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
-               const KVLayout& L, const AttentionParams& p, int32_t num_q_heads, float scale,
-               float* out) {
+void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache, const KVLayout& L,
+               const AttentionParams& p, int32_t num_q_heads, float scale, float* out) {
   const int hd = L.head_dim, group = num_q_heads / L.num_kv_heads;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int q0 = p.cu_seqlens_q[s], qlen = p.cu_seqlens_q[s + 1] - q0, ctx = p.context_lens[s];
@@ -125,7 +122,9 @@ void attention(const float* q, int64_t q_stride, const void* k_cache, const void
         const float* qv = q + static_cast<int64_t>(q0 + j) * q_stride + h * hd;
         auto at = [&](int t, int d) {
           return ((static_cast<int64_t>(bt[t / L.block_size]) * L.num_kv_heads + g) * L.block_size +
-                  t % L.block_size) * hd + d;
+                  t % L.block_size) *
+                     hd +
+                 d;
         };
         std::vector<double> sc(pos + 1);
         double mx = -std::numeric_limits<double>::infinity();
@@ -156,8 +155,7 @@ void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
     }
 }
 
-void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
-               float* out) {
+void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = 0; d < dim; ++d)
       out[i * dim + d] = static_cast<float>(elem(table, dtype, static_cast<int64_t>(ids[i]) * dim + d));
@@ -170,7 +168,7 @@ void add(float* x, const float* y, int64_t n) {
 MaxSumExp max_sum_exp(const float* l, int32_t n) {
   MaxSumExp r;
   r.max = -std::numeric_limits<float>::infinity();
-  for (int32_t i = 0; i < n; ++i) r.max = std::max(r.max, l[i]);  // NaN never wins std::max here
+  for (int32_t i = 0; i < n; ++i) r.max = std::max(r.max, l[i]);    // NaN never wins std::max here
   for (int32_t i = 0; i < n; ++i) r.sum += std::exp(l[i] - r.max);  // NaN / inf - inf poison it
   return r;
 }

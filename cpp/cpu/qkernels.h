@@ -31,8 +31,8 @@ struct QKernelTable {
   // accumulation chain: stored columns in W steps with one masked tail, then the ISA's fixed
   // horizontal sum — the dense linear's chain, so the result does not depend on m, tiles or
   // threads, and equals the dense f32 linear on the dequantized matrix bit for bit.
-  void (*linear_q)(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                   int64_t ldy, int64_t j0, int64_t j1);
+  void (*linear_q)(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy,
+                   int64_t j0, int64_t j1);
   // out[c] = w[r, c] for stored columns c < w.cols, exactly the QuantMatrix formula.
   void (*dequant_row)(const QuantMatrix& w, int64_t r, float* out);
 };
@@ -73,15 +73,14 @@ struct QuantizedRows {
   int64_t ld = 0;       // bytes per row of q (k rounded up to the block, zero-padded)
   int64_t nblocks = 0;  // per row
   const int8_t* q = nullptr;
-  const float* d = nullptr;     // [m, nblocks]
-  const int32_t* s = nullptr;   // [m, nblocks]: sum of q in the block
+  const float* d = nullptr;    // [m, nblocks]
+  const int32_t* s = nullptr;  // [m, nblocks]: sum of q in the block
 };
 // qx: m * ld bytes; d, s: m * nblocks each.
-void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d,
-                        int32_t* s);
+void quantize_rows_int8(const float* x, int64_t m, int64_t k, int32_t block, int8_t* q, float* d, int32_t* s);
 // y[r, 16 p + lane] for panels p in [p0, p1); nullptr when not built or not x86.
-using LinearPanelFn = void (*)(const QuantizedRows& x, const QuantMatrix& w, const float* bias,
-                               float* y, int64_t m, int64_t ldy, int64_t p0, int64_t p1);
+using LinearPanelFn = void (*)(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                               int64_t m, int64_t ldy, int64_t p0, int64_t p1);
 LinearPanelFn avx512_vnni_linear_panel();
 // The same function on AMX int8 tiles, bit-equal to the VNNI one (the integer block sums are
 // exact, the float updates are the same operations in the same order); nullptr unless built with
@@ -110,11 +109,10 @@ PanelKernels panel_kernels_for(Isa isa);
 namespace ref {
 // The panel path's arithmetic with double accumulation over the same int8 activations: w
 // canonical, x already quantized (xq.q/d per block).
-void linear_q_int8x(const QuantizedRows& xq, const QuantMatrix& w, const float* bias, float* y,
-                    int64_t m, int64_t ldy);
+void linear_q_int8x(const QuantizedRows& xq, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy);
 // On a canonical matrix (layout 0), double accumulation; y row stride ldy.
-void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-              int64_t ldy);
+void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy);
 // out: [rows, cols] in original column order (out[r, perm[c]] = w[r, c]).
 void dequantize(const QuantMatrix& w, float* out);
 }  // namespace ref

@@ -205,8 +205,8 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
     fold_block<PC, HZ, HM>(cur, fd + bi, fsx + bi, fdsx + bi, nb, vs, vz, vm, fa);
     if (more) store0(nxt);
     if constexpr (TWO_ROWS)
-      fold_block<PC, HZ, HM>(cur + 512, fd + 16 * nb + bi, fsx + 16 * nb + bi, fdsx + 16 * nb + bi, nb, vs, vz, vm,
-                             fa + 16 * 2 * 16);
+      fold_block<PC, HZ, HM>(cur + 512, fd + 16 * nb + bi, fsx + 16 * nb + bi, fdsx + 16 * nb + bi, nb, vs,
+                             vz, vm, fa + 16 * 2 * 16);
     if (more && TWO_ROWS) store1(nxt);
   }
 #pragma GCC unroll 2
@@ -216,32 +216,33 @@ FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, flo
     const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1u);
     const __m512 vb = bias ? _mm512_maskz_loadu_ps(mk, bias + j) : _mm512_setzero_ps();
     for (int i = 0; i < rows; ++i)
-      _mm512_mask_storeu_ps(y + (r + i) * ldy + j, mk, _mm512_add_ps(_mm512_load_ps(fa + (i * 2 + c) * 16), vb));
+      _mm512_mask_storeu_ps(y + (r + i) * ldy + j, mk,
+                            _mm512_add_ps(_mm512_load_ps(fa + (i * 2 + c) * 16), vb));
   }
 }
 
 void configure(int B) {
   amx::TileConfig cfg;
-  for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;                          // C
-  for (int t = 4; t < 6; ++t) cfg.colsb[t] = static_cast<uint16_t>(B), cfg.rows[t] = 16;   // A
+  for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;                           // C
+  for (int t = 4; t < 6; ++t) cfg.colsb[t] = static_cast<uint16_t>(B), cfg.rows[t] = 16;     // A
   for (int t = 6; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = static_cast<uint8_t>(B / 4);  // B
   amx::load_config(cfg);
 }
 
 template <int PC, int BITS, bool HZ, bool HM, bool HS>
-FQ_INLINE void panels_rows(const QuantMatrix& w, int64_t nb, const float* bias, float* y, int64_t ldy, int64_t p,
-                           int64_t m, const int8_t* apk, const uint8_t* wb, int64_t panel_stride, int32_t* cbuf,
-                           float* fa, const RowFactors& f) {
+FQ_INLINE void panels_rows(const QuantMatrix& w, int64_t nb, const float* bias, float* y, int64_t ldy,
+                           int64_t p, int64_t m, const int8_t* apk, const uint8_t* wb, int64_t panel_stride,
+                           int32_t* cbuf, float* fa, const RowFactors& f) {
   const int B = xq_block(w);
   for (int64_t r = 0; r < m; r += 32) {
     const int rows = static_cast<int>(min64(32, m - r));
     const int8_t* xa = apk + r * nb * B;
     if (rows > 16)
-      row_pair<PC, true, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_stride, cbuf, fa, f.d + r * nb,
-                                     f.sx + r * nb, f.dsx + r * nb);
+      row_pair<PC, true, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_stride, cbuf, fa,
+                                     f.d + r * nb, f.sx + r * nb, f.dsx + r * nb);
     else
-      row_pair<PC, false, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_stride, cbuf, fa, f.d + r * nb,
-                                      f.sx + r * nb, f.dsx + r * nb);
+      row_pair<PC, false, HZ, HM, HS>(w, nb, bias, y, ldy, p, r, rows, xa, wb, panel_stride, cbuf, fa,
+                                      f.d + r * nb, f.sx + r * nb, f.dsx + r * nb);
   }
 }
 
@@ -253,7 +254,8 @@ void linear_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, f
   const size_t fbytes = static_cast<size_t>(mp * nb) * 4, abytes = static_cast<size_t>(mp * nb * B);
   // [2 unpacked panels | 2 x 4 C tiles | 32 x 2 x 16 float accumulators | row factors | packed rows]
   const size_t cbytes = 2 * 4 * 1024, fabytes = 32 * 2 * 16 * 4;
-  uint8_t* base = t_scratch.get(static_cast<size_t>(2 * panel_bytes) + cbytes + fabytes + 3 * fbytes + abytes);
+  uint8_t* base = t_scratch.get(static_cast<size_t>(2 * panel_bytes) + cbytes + fabytes + 3 * fbytes +
+                                abytes);
   uint8_t* wb = base;
   int32_t* cbuf = reinterpret_cast<int32_t*>(base + 2 * panel_bytes);
   float* fa = reinterpret_cast<float*>(base + 2 * panel_bytes + cbytes);
@@ -279,10 +281,8 @@ void linear_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, f
       unpack_panel<BITS>(w, p, B, wb);
       if (two) unpack_panel<BITS>(w, p + 1, B, wb + panel_bytes);
     }
-    if (two)
-      panels_rows<2, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);
-    else
-      panels_rows<1, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);
+    if (two) panels_rows<2, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);
+    else panels_rows<1, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);
   }
   _tile_release();
 }

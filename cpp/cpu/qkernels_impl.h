@@ -53,8 +53,8 @@ FQ_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // y[r, j + c] for r < R, c < C; x rows of stride k.
 template <int R, int C, int BITS, bool HZ, bool HM>
-FQ_INLINE void qlin_tile(const float* x, const QuantMatrix& w, const float* bias, float* y,
-                         int64_t ldy, int64_t j, const char* pf) {
+FQ_INLINE void qlin_tile(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t ldy,
+                         int64_t j, const char* pf) {
   constexpr int kPfStep = C * QW * BITS / 8;
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const uint8_t* rows[C];
@@ -111,8 +111,8 @@ FQ_INLINE void qlin_tile(const float* x, const QuantMatrix& w, const float* bias
 }
 
 template <int RR, int C, int BITS, bool HZ, bool HM>
-FQ_INLINE void qlin_rows(int rows, const float* x, const QuantMatrix& w, const float* bias,
-                         float* y, int64_t ldy, int64_t j, const char* pf) {
+FQ_INLINE void qlin_rows(int rows, const float* x, const QuantMatrix& w, const float* bias, float* y,
+                         int64_t ldy, int64_t j, const char* pf) {
   if constexpr (RR > 1) {
     if (rows < RR) return qlin_rows<RR - 1, C, BITS, HZ, HM>(rows, x, w, bias, y, ldy, j, pf);
   }
@@ -120,8 +120,8 @@ FQ_INLINE void qlin_rows(int rows, const float* x, const QuantMatrix& w, const f
 }
 
 template <int BITS, bool HZ, bool HM>
-void linear_q_t(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                int64_t ldy, int64_t j0, int64_t j1) {
+void linear_q_t(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy,
+                int64_t j0, int64_t j1) {
   constexpr int R = QT::kTileRows, C = QT::kTileCols, C1 = QT::kDecodeCols;
   const int64_t k = w.cols;
   const char* wb = static_cast<const char*>(w.data);
@@ -151,8 +151,8 @@ void linear_q_t(const float* x, const QuantMatrix& w, const float* bias, float* 
   }
 }
 
-void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-              int64_t ldy, int64_t j0, int64_t j1) {
+void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy,
+              int64_t j0, int64_t j1) {
   const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
   if (w.bits == 4) {
     if (hz) {

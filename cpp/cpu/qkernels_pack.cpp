@@ -108,7 +108,6 @@ QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
 
 // ---- panel layout (int8 activations) ----------------------------------------------------------------
 
-
 namespace {
 
 // Bytes of group g of one panel: whole 4-column (8-bit) or 8-column (4-bit) steps of 64 bytes.
@@ -130,7 +129,7 @@ bool is_half(float v) {
   std::memcpy(&u, &v, 4);
   const int e = static_cast<int>((u >> 23) & 0xff) - 127;
   const uint32_t man = u & 0x7fffffu;
-  if (e == -127) return man == 0;  // zero (f32 subnormals are below f16's smallest)
+  if (e == -127) return man == 0;       // zero (f32 subnormals are below f16's smallest)
   if (e > 15 || e < -24) return false;  // also inf/NaN
   const int drop = e >= -14 ? 13 : 13 + (-14 - e);
   return (man & ((1u << drop) - 1u)) == 0;
@@ -213,7 +212,8 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
           uint8_t* d = dg + (c >> 3) * 64;
           for (int j = 0; j < 4; ++j) d[j] = static_cast<uint8_t>(qg[c + j] | (qg[c + 4 + j] << 4));
         }
-        for (; c < len; ++c) dg[(c >> 3) * 64 + (c & 3)] |= static_cast<uint8_t>(qg[c] << ((c & 7) >= 4 ? 4 : 0));
+        for (; c < len; ++c)
+          dg[(c >> 3) * 64 + (c & 3)] |= static_cast<uint8_t>(qg[c] << ((c & 7) >= 4 ? 4 : 0));
       }
     }
   }

@@ -28,7 +28,8 @@ FV_INLINE __m256i bcast4(const int8_t* p) {
 template <bool HS>
 FV_INLINE __m256 load_scale8(const float* a, int64_t i) {
   if constexpr (HS) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(a) + i)));
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(a) + i)));
   } else {
     return _mm256_loadu_ps(a + i);
   }
@@ -60,7 +61,8 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
       const int64_t gi = ((p + u / 2) * ng + g) * 16 + 8 * (u & 1);
       vs[u] = load_scale8<HS>(w.scale, gi);
       if constexpr (HZ) {
-        vz[u] = w.zero ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero + gi))))
+        vz[u] = w.zero ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero + gi))))
                        : _mm256_set1_ps(static_cast<float>(w.zero_point));
       }
       if constexpr (HM) vm[u] = load_scale8<HS>(w.min, gi);
@@ -88,8 +90,8 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
           }
 #pragma GCC unroll 4
           for (int u = 0; u < U; ++u) {
-            const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1)));
+            const __m256i wb = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1)));
             const __m256i wl = _mm256_and_si256(wb, lo4);
             const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);
 #pragma GCC unroll 4
@@ -118,12 +120,15 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
           for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 4 * t);
 #pragma GCC unroll 4
           for (int u = 0; u < U; ++u) {
-            const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1))), flip);
+            const __m256i ws = _mm256_xor_si256(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wbase + (p + u / 2) * w.ld + boff +
+                                                                    64 * t + 32 * (u & 1))),
+                flip);
             const __m256i wa = _mm256_abs_epi8(ws);
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r)
-              iacc[r][u] = _mm256_add_epi32(iacc[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], ws)), ones));
+              iacc[r][u] = _mm256_add_epi32(
+                  iacc[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], ws)), ones));
           }
         }
 #pragma GCC unroll 4
@@ -157,13 +162,14 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
     const __m256i mk = vt_avx2::VT::mask(n);
     const __m256 vb = bias ? _mm256_maskload_ps(bias + j, mk) : _mm256_setzero_ps();
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) _mm256_maskstore_ps(y + (r0 + r) * ldy + j, mk, _mm256_add_ps(facc[r][u], vb));
+    for (int r = 0; r < R; ++r)
+      _mm256_maskstore_ps(y + (r0 + r) * ldy + j, mk, _mm256_add_ps(facc[r][u], vb));
   }
 }
 
 template <int RR, int U, int BITS, bool HZ, bool HM, bool HS>
-FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias,
-                         float* y, int64_t ldy, int64_t p, int64_t r0) {
+FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                         int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
     if (rows < RR) return unit_rows<RR - 1, U, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r0);
   }
@@ -171,8 +177,8 @@ FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w,
 }
 
 template <int BITS, bool HZ, bool HM, bool HS>
-void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {
     // Decode: 2 panels (4 units, 32 weight rows) side by side give 4 independent chains.
     int64_t p = p0;
@@ -204,8 +210,8 @@ struct PanelKernel {
 
 #include "cpu/qkernels_panel_dispatch.h"
 
-void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                  int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                  int64_t ldy, int64_t p0, int64_t p1) {
   panel_dispatch<PanelKernel>(x, w, bias, y, m, ldy, p0, p1);
 }
 
@@ -247,8 +253,9 @@ void quantize_rows_t(const float* x, int64_t m, int64_t k, int8_t* q, float* d, 
 #pragma GCC unroll 4
       for (int h = 0; h < PARTS; ++h) {
         const int64_t n = len - 8 * h;
-        v[h] = n >= 8 ? _mm256_loadu_ps(xr + c0 + 8 * h)
-                      : n > 0 ? vt_avx2::VT::load_n(xr + c0 + 8 * h, static_cast<int>(n)) : _mm256_setzero_ps();
+        v[h] = n >= 8  ? _mm256_loadu_ps(xr + c0 + 8 * h)
+               : n > 0 ? vt_avx2::VT::load_n(xr + c0 + 8 * h, static_cast<int>(n))
+                       : _mm256_setzero_ps();
         amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[h]));
       }
       const float am = vt_avx2::VT::hmax(amax);

@@ -5,15 +5,15 @@
 #pragma once
 
 template <template <int, bool, bool, bool> class Kernel, int BITS, bool HZ, bool HM>
-void panel_dispatch_hs(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                       int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+void panel_dispatch_hs(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                       int64_t ldy, int64_t p0, int64_t p1) {
   if (w.layout == kCpuQuantPanelHalfLayout) Kernel<BITS, HZ, HM, true>::run(x, w, bias, y, m, ldy, p0, p1);
   else Kernel<BITS, HZ, HM, false>::run(x, w, bias, y, m, ldy, p0, p1);
 }
 
 template <template <int, bool, bool, bool> class Kernel>
-void panel_dispatch(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+void panel_dispatch(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy, int64_t p0, int64_t p1) {
   const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
   using Fn = void (*)(const QuantizedRows&, const QuantMatrix&, const float*, float*, int64_t, int64_t,
                       int64_t, int64_t);

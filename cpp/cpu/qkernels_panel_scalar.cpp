@@ -17,8 +17,8 @@ inline float panel_value(const QuantMatrix& w, const float* a, int64_t i) {
   return w.layout == kCpuQuantPanelHalfLayout ? f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]) : a[i];
 }
 
-void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                  int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                  int64_t ldy, int64_t p0, int64_t p1) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   const int64_t gbytes = w.bits == 8 ? G * 16 : G * 8;

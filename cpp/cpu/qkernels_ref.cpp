@@ -20,8 +20,7 @@ float element(const QuantMatrix& w, int64_t r, int64_t c) {
 }
 }  // namespace
 
-void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-              int64_t ldy) {
+void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t j = 0; j < w.rows; ++j) {
       double s = bias ? bias[j] : 0.0;
@@ -33,8 +32,8 @@ void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y,
     }
 }
 
-void linear_q_int8x(const QuantizedRows& xq, const QuantMatrix& w, const float* bias, float* y,
-                    int64_t m, int64_t ldy) {
+void linear_q_int8x(const QuantizedRows& xq, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy) {
   const int32_t B = xq_block(w);
   for (int64_t r = 0; r < m; ++r)
     for (int64_t j = 0; j < w.rows; ++j) {

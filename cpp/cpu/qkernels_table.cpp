@@ -6,9 +6,7 @@
 
 namespace fantai::cpu {
 
-bool cpu_has_avx512_vnni() {
-  return cpu_features().avx512_vnni && avx512_vnni_linear_panel() != nullptr;
-}
+bool cpu_has_avx512_vnni() { return cpu_features().avx512_vnni && avx512_vnni_linear_panel() != nullptr; }
 
 PanelKernels panel_kernels_for(Isa isa) {
   FANTAI_REQUIRE(static_cast<int>(isa) <= static_cast<int>(detected_isa()),

@@ -71,7 +71,8 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
           for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 4 * t);
 #pragma GCC unroll 4
           for (int c = 0; c < PC; ++c) {
-            const __m512i wv = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld + boff + 64 * t);
+            const __m512i wv = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld +
+                                                  boff + 64 * t);
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wv, xv[r]);
           }
@@ -87,7 +88,8 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
           }
 #pragma GCC unroll 4
           for (int c = 0; c < PC; ++c) {
-            const __m512i wb = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld + boff + 64 * t);
+            const __m512i wb = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld +
+                                                  boff + 64 * t);
             const __m512i wl = _mm512_and_si512(wb, lo4);
             const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);
 #pragma GCC unroll 4
@@ -120,13 +122,14 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
     const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1u);
     const __m512 vb = bias ? _mm512_maskz_loadu_ps(mk, bias + j) : _mm512_setzero_ps();
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j, mk, _mm512_add_ps(facc[r][c], vb));
+    for (int r = 0; r < R; ++r)
+      _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j, mk, _mm512_add_ps(facc[r][c], vb));
   }
 }
 
 template <int RR, int PC, int BITS, bool HZ, bool HM, bool HS>
-FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias,
-                          float* y, int64_t ldy, int64_t p, int64_t r0) {
+FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                          int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
     if (rows < RR) return panel_rows<RR - 1, PC, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r0);
   }
@@ -134,8 +137,8 @@ FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w
 }
 
 template <int BITS, bool HZ, bool HM, bool HS>
-void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                    int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {
     // Decode: 4 panels (64 rows) side by side give 4 independent vpdpbusd chains.
     int64_t p = p0;
@@ -167,8 +170,8 @@ struct PanelKernel {
 
 #include "cpu/qkernels_panel_dispatch.h"
 
-void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
-                  int64_t m, int64_t ldy, int64_t p0, int64_t p1) {
+void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                  int64_t ldy, int64_t p0, int64_t p1) {
   panel_dispatch<PanelKernel>(x, w, bias, y, m, ldy, p0, p1);
 }
 
@@ -179,13 +182,16 @@ template <typename Op>
 FV_INLINE __m512 reduce16(__m512* v, Op op) {
   // v[i]: elements 0-7 reduce block 2i, 8-15 block 2i + 1.
   for (int i = 0; i < 8; ++i)
-    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
   // v[i]: 128-bit lane l reduces block 4i + l.
   for (int i = 0; i < 4; ++i)
-    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xdd));
+    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88),
+              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xdd));
   // v[i]: in lane l, elements 0-1 reduce block 8i + l, elements 2-3 block 8i + 4 + l.
   for (int i = 0; i < 2; ++i)
-    v[i] = op(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xee));
+    v[i] = op(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44),
+              _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xee));
   // Element 4l + e: block 4e + l.
   const __m512 r = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));
   const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -236,7 +242,8 @@ FV_INLINE void quantize_16_blocks(const float* xb, int8_t* qb, float* d, int32_t
 #pragma GCC unroll 16
   for (int j = 0; j < 16; ++j) {
     __m512 amax = _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * block));
-    if constexpr (HALVES == 2) amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * block + 16)));
+    if constexpr (HALVES == 2)
+      amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j * block + 16)));
     red[j] = amax;
   }
   const __m512 am = reduce16(red, vmax);
@@ -248,7 +255,8 @@ FV_INLINE void quantize_16_blocks(const float* xb, int8_t* qb, float* d, int32_t
     const __m512 vinv = _mm512_set1_ps(inv[j]);
     __m512i sum = _mm512_setzero_si512();
     for (int h = 0; h < HALVES; ++h)
-      sum = _mm512_add_epi32(sum, quantize16(_mm512_loadu_ps(xb + j * block + 16 * h), vinv, qb + j * block + 16 * h));
+      sum = _mm512_add_epi32(
+          sum, quantize16(_mm512_loadu_ps(xb + j * block + 16 * h), vinv, qb + j * block + 16 * h));
     red[j] = _mm512_castsi512_ps(sum);
   }
   _mm512_storeu_si512(s, _mm512_castps_si512(reduce16(red, vadd)));

@@ -29,8 +29,7 @@ void finish_sum(const double* lanes, int nl, const float* l, int32_t nv, int32_t
   r->sum = sum;
 }
 
-int32_t finish_argmax(const float* bv, const int32_t* bi, int nl, const float* l, int32_t nv,
-                      int32_t n) {
+int32_t finish_argmax(const float* bv, const int32_t* bi, int nl, const float* l, int32_t nv, int32_t n) {
   int32_t arg = 0;
   float val = l[0];
   int32_t i = 1;

@@ -26,7 +26,6 @@ bool finish_max(const float* lanes, int nl, bool any_nan, const float* l, int32_
 void finish_sum(const double* lanes, int nl, const float* l, int32_t nv, int32_t n, MaxSumExp* r);
 // Lane k holds its first maximum bv[k] at index bi[k]: the lowest index among the lanes holding
 // the maximum, then the tail l[nv, n) (later ids: strict). nv == 0: a plain scan of l.
-int32_t finish_argmax(const float* bv, const int32_t* bi, int nl, const float* l, int32_t nv,
-                      int32_t n);
+int32_t finish_argmax(const float* bv, const int32_t* bi, int nl, const float* l, int32_t nv, int32_t n);
 
 }  // namespace fantai::cpu

@@ -29,8 +29,7 @@
 namespace fantai::cpu::vt_avx2 {
 namespace {
 
-alignas(32) const int32_t kMaskTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
-                                            0,  0,  0,  0,  0,  0,  0,  0};
+alignas(32) const int32_t kMaskTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
 struct VT {
   static constexpr const char* kName = "avx2";
@@ -38,7 +37,9 @@ struct VT {
   using V = __m256;
 
   // First n lanes set (n in [0, 8]).
-  static __m256i mask(int n) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMaskTable + 8 - n)); }
+  static __m256i mask(int n) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMaskTable + 8 - n));
+  }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float a) { return _mm256_set1_ps(a); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
@@ -52,12 +53,14 @@ struct VT {
     __builtin_memcpy(t, p, static_cast<unsigned>(n) * 2);
     return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
   }
-  static V bf16x8(__m128i h) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  static V bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+  static V load_bf16(const uint16_t* p) {
+    return bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static V load_bf16(const uint16_t* p) { return bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static V load_bf16_n(const uint16_t* p, int n) { return bf16x8(load8_u16_n(p, n)); }
-  static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static V load_f16_n(const uint16_t* p, int n) { return _mm256_cvtph_ps(load8_u16_n(p, n)); }
   static V i8x8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
   static V load_i8(const int8_t* p) { return i8x8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
@@ -80,7 +83,9 @@ struct VT {
   }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   // a * b + c with one rounding, spelled out so no compiler contraction choice can change it.
-  static float fma1(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
+  static float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+  }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -141,7 +146,8 @@ struct VT {
   }
   // exp of any x: clamped into exp_clamped's range (the kernels' softmax and SiLU).
   static V exp(V x) {
-    return exp_clamped(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.3762626647949f)));
+    return exp_clamped(
+        _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.3762626647949f)));
   }
   // exp of d <= 0 with d < -87.33654 (incl. -inf) flushed to 0 rather than clamped (the
   // sampler's sum of exps, where those terms must vanish).
@@ -152,13 +158,18 @@ struct VT {
   }
 
   // The sampler's row reductions (kernels_reduce_impl.h): W double sums, a NaN flag, W indices.
-  struct DAcc { __m256d lo, hi; };
+  struct DAcc {
+    __m256d lo, hi;
+  };
   static DAcc dzero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
   static DAcc dadd(DAcc a, V y) {
     return {_mm256_add_pd(a.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(y))),
             _mm256_add_pd(a.hi, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)))};
   }
-  static void dstore(double* p, DAcc a) { _mm256_storeu_pd(p, a.lo); _mm256_storeu_pd(p + 4, a.hi); }
+  static void dstore(double* p, DAcc a) {
+    _mm256_storeu_pd(p, a.lo);
+    _mm256_storeu_pd(p + 4, a.hi);
+  }
   using NanAcc = __m256;
   static NanAcc nan_none() { return _mm256_setzero_ps(); }
   static NanAcc nan_or(NanAcc acc, V x) { return _mm256_or_ps(acc, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }

@@ -14,8 +14,9 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 
-#if defined(__x86_64__) && ((defined(__AVX512F__) && defined(__AVX512BW__) && \
-    defined(__AVX512VL__) && defined(__AVX512DQ__)) || (defined(__GNUC__) && !defined(__clang__)))
+#if defined(__x86_64__) &&                                                                                \
+    ((defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)) || \
+     (defined(__GNUC__) && !defined(__clang__)))
 #define FANTAI_VT_AVX512 1
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 flags the intrinsics' own _mm512_undefined_* placeholders (GCC bug 105593).
@@ -43,17 +44,23 @@ struct VT {
   static void store_n(float* p, V a, int n) { _mm512_mask_storeu_ps(p, mask(n), a); }
   // First n lanes of a, the rest 0.
   static V keep_n(V a, int n) { return _mm512_maskz_mov_ps(mask(n), a); }
-  static V bf16x16(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  static V bf16x16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+  static V load_bf16(const uint16_t* p) {
+    return bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static V load_bf16(const uint16_t* p) { return bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static V load_bf16_n(const uint16_t* p, int n) { return bf16x16(_mm256_maskz_loadu_epi16(mask(n), p)); }
-  static V load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static V load_f16_n(const uint16_t* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p)); }
+  static V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static V load_f16_n(const uint16_t* p, int n) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p));
+  }
   static V load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  static V load_i8_n(const int8_t* p, int n) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask(n), p))); }
+  static V load_i8_n(const int8_t* p, int n) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask(n), p)));
+  }
   // 16 unsigned bytes, or the low / high nibbles of 16 bytes, as float lanes (quantized weights).
   static V u8(const uint8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -68,7 +75,9 @@ struct VT {
   }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   // a * b + c with one rounding, spelled out so no compiler contraction choice can change it.
-  static float fma1(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
+  static float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+  }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
@@ -129,7 +138,8 @@ struct VT {
   }
   // exp of any x: clamped into exp_clamped's range (the kernels' softmax and SiLU).
   static V exp(V x) {
-    return exp_clamped(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.3762626647949f)));
+    return exp_clamped(
+        _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.3762626647949f)));
   }
   // exp of d <= 0 with d < -87.33654 (incl. -inf) flushed to 0 rather than clamped (the
   // sampler's sum of exps, where those terms must vanish).
@@ -140,13 +150,18 @@ struct VT {
   }
 
   // The sampler's row reductions (kernels_reduce_impl.h): W double sums, a NaN flag, W indices.
-  struct DAcc { __m512d lo, hi; };
+  struct DAcc {
+    __m512d lo, hi;
+  };
   static DAcc dzero() { return {_mm512_setzero_pd(), _mm512_setzero_pd()}; }
   static DAcc dadd(DAcc a, V y) {
     return {_mm512_add_pd(a.lo, _mm512_cvtps_pd(_mm512_castps512_ps256(y))),
             _mm512_add_pd(a.hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)))};
   }
-  static void dstore(double* p, DAcc a) { _mm512_storeu_pd(p, a.lo); _mm512_storeu_pd(p + 8, a.hi); }
+  static void dstore(double* p, DAcc a) {
+    _mm512_storeu_pd(p, a.lo);
+    _mm512_storeu_pd(p + 8, a.hi);
+  }
   using NanAcc = __mmask16;
   static NanAcc nan_none() { return 0; }
   static NanAcc nan_or(NanAcc acc, V x) { return acc | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); }

@@ -114,7 +114,8 @@ void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
 void BlockManager::lru_push_back(int32_t b) {
   lru_prev_[b] = lru_tail_;
   lru_next_[b] = -1;
-  if (lru_tail_ >= 0) lru_next_[lru_tail_] = b; else lru_head_ = b;
+  if (lru_tail_ >= 0) lru_next_[lru_tail_] = b;
+  else lru_head_ = b;
   lru_tail_ = b;
   in_lru_[b] = 1;
   ++lru_size_;
@@ -122,8 +123,10 @@ void BlockManager::lru_push_back(int32_t b) {
 
 void BlockManager::lru_remove(int32_t b) {
   const int32_t p = lru_prev_[b], n = lru_next_[b];
-  if (p >= 0) lru_next_[p] = n; else lru_head_ = n;
-  if (n >= 0) lru_prev_[n] = p; else lru_tail_ = p;
+  if (p >= 0) lru_next_[p] = n;
+  else lru_head_ = n;
+  if (n >= 0) lru_prev_[n] = p;
+  else lru_tail_ = p;
   lru_prev_[b] = lru_next_[b] = -1;
   in_lru_[b] = 0;
   --lru_size_;
@@ -185,7 +188,8 @@ void BlockManager::take_cached(BlockTable& table, const std::vector<int32_t>& bl
 
 void BlockManager::cache_full_blocks(BlockTable& table, const int32_t* tokens, int32_t num_computed) {
   if (!prefix_caching_) return;
-  const int32_t full = std::min<int32_t>(num_computed / block_size_, static_cast<int32_t>(table.blocks.size()));
+  const int32_t full = std::min<int32_t>(num_computed / block_size_,
+                                         static_cast<int32_t>(table.blocks.size()));
   for (int32_t i = table.num_cached_blocks; i < full; ++i) {
     const int32_t b = table.blocks[i];
     if (key_[b] != 0) continue;  // registered already (shared through a fork)
@@ -261,7 +265,8 @@ void BlockManager::check_invariants(const std::vector<const BlockTable*>& live) 
       const int32_t b = t->blocks[i];
       FANTAI_CHECK(b >= 0 && b < num_blocks_, "table references block " << b << " out of range");
       ++refs[b];
-      fill[b] = std::max(fill[b], std::min(block_size_, t->num_tokens - static_cast<int32_t>(i) * block_size_));
+      fill[b] = std::max(fill[b],
+                         std::min(block_size_, t->num_tokens - static_cast<int32_t>(i) * block_size_));
     }
   }
   int64_t used = 0, lru_count = 0;
@@ -270,12 +275,13 @@ void BlockManager::check_invariants(const std::vector<const BlockTable*>& live) 
   }
   FANTAI_CHECK(lru_count == lru_size_, "LRU list holds " << lru_count << " blocks, size says " << lru_size_);
   for (int32_t b = 0; b < num_blocks_; ++b) {
-    FANTAI_CHECK(ref_counts_[b] == refs[b], "block " << b << " has ref_count " << ref_counts_[b]
-                                                    << " but " << refs[b] << " live references");
+    FANTAI_CHECK(ref_counts_[b] == refs[b], "block " << b << " has ref_count " << ref_counts_[b] << " but "
+                                                     << refs[b] << " live references");
     const bool clean = clean_.count(b) != 0, cached = in_lru_[b] != 0;
     if (ref_counts_[b] > 0) {
       FANTAI_CHECK(!clean && !cached, "owned block " << b << " is also free");
-      FANTAI_CHECK(fill_[b] == fill[b], "block " << b << " fill " << fill_[b] << " but tables use " << fill[b]);
+      FANTAI_CHECK(fill_[b] == fill[b],
+                   "block " << b << " fill " << fill_[b] << " but tables use " << fill[b]);
       used += fill[b];
     } else {
       FANTAI_CHECK(clean != cached, "free block " << b << " must be clean xor cached");
@@ -283,7 +289,8 @@ void BlockManager::check_invariants(const std::vector<const BlockTable*>& live) 
     }
     if (key_[b] != 0) {
       auto it = cache_.find(key_[b]);
-      FANTAI_CHECK(it != cache_.end() && it->second == b, "registered block " << b << " missing from the cache map");
+      FANTAI_CHECK(it != cache_.end() && it->second == b,
+                   "registered block " << b << " missing from the cache map");
     }
   }
   for (const auto& [key, b] : cache_) {

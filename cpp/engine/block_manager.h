@@ -14,8 +14,8 @@ namespace fantai::engine {
 // ceil(num_tokens / block_size) blocks, so waste is under one block per sequence.
 struct BlockTable {
   std::vector<int32_t> blocks;
-  int32_t num_tokens = 0;        // token slots this sequence uses
-  int32_t num_cached_blocks = 0; // leading full blocks registered in (or taken from) the cache
+  int32_t num_tokens = 0;         // token slots this sequence uses
+  int32_t num_cached_blocks = 0;  // leading full blocks registered in (or taken from) the cache
 };
 
 struct BlockStats {
@@ -110,12 +110,12 @@ class BlockManager {
   std::vector<int32_t> fill_;        // [num_blocks] slots written by some owner
   std::set<int32_t> clean_;
   // Cached blocks: content and chain identity, and an intrusive LRU list (head = oldest).
-  std::vector<uint64_t> uid_, parent_uid_, key_;    // key_ 0: not registered
-  std::vector<int32_t> tokens_;                     // [num_blocks, block_size]
+  std::vector<uint64_t> uid_, parent_uid_, key_;  // key_ 0: not registered
+  std::vector<int32_t> tokens_;                   // [num_blocks, block_size]
   std::vector<int32_t> lru_prev_, lru_next_;
   std::vector<char> in_lru_;
   int32_t lru_head_ = -1, lru_tail_ = -1, lru_size_ = 0;
-  std::unordered_map<uint64_t, int32_t> cache_;     // key -> block
+  std::unordered_map<uint64_t, int32_t> cache_;  // key -> block
   uint64_t next_uid_ = 1;
   int64_t used_slots_ = 0;
   BlockStats stats_;

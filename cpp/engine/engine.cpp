@@ -40,7 +40,8 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
                  "max_model_len " << config_.max_model_len << " exceeds the model's "
                                   << mc.max_position_embeddings << " positions");
   if (config_.max_num_batched_tokens <= 0) {
-    config_.max_num_batched_tokens = config_.enable_chunked_prefill ? 2048 : std::max(2048, config_.max_model_len);
+    config_.max_num_batched_tokens = config_.enable_chunked_prefill ? 2048
+                                                                    : std::max(2048, config_.max_model_len);
   }
   FANTAI_REQUIRE(config_.max_num_seqs >= 1, "max_num_seqs must be at least 1");
   if (config_.eos_token_ids.empty()) config_.eos_token_ids = mc.eos_token_ids;
@@ -51,23 +52,23 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
     // A device backend sizes the pool from its own free memory (weights already loaded).
     const int64_t device_free = model_->backend()->free_memory();
     const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes
-                          : device_free >= 0     ? device_free / 10 * 9
-                                                 : default_kv_cache_bytes();
+                          : device_free >= 0         ? device_free / 10 * 9
+                                                     : default_kv_cache_bytes();
     // Each layer's K and V buffers start 64-byte aligned and int8 scales start aligned after the
     // values: up to 2 x 63 bytes of padding per buffer, kept out of the blocks' share.
     const int64_t padding = int64_t{2} * 2 * 64 * mc.num_layers;
-    num_blocks = static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(bytes - padding, 0) / static_cast<int64_t>(per_block), 1 << 30));
+    num_blocks = static_cast<int32_t>(
+        std::min<int64_t>(std::max<int64_t>(bytes - padding, 0) / static_cast<int64_t>(per_block), 1 << 30));
   }
-  FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block ("
-                                      << per_block << " bytes)");
+  FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block (" << per_block << " bytes)");
   blocks_ = std::make_unique<BlockManager>(num_blocks, config_.block_size, config_.enable_prefix_caching);
   cache_ = std::make_unique<model::KVCache>(mc, num_blocks, config_.block_size, kv_dtype, model_->backend());
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},
       blocks_.get());
   runner_ = std::make_unique<ModelRunner>(model_, cache_.get());
-  FANTAI_LOG(kInfo, "KV pool: " << num_blocks << " blocks x " << config_.block_size << " tokens = "
-                                << int64_t{num_blocks} * config_.block_size << " tokens, "
+  FANTAI_LOG(kInfo, "KV pool: " << num_blocks << " blocks x " << config_.block_size
+                                << " tokens = " << int64_t{num_blocks} * config_.block_size << " tokens, "
                                 << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
 }
 
@@ -75,7 +76,8 @@ void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling
   const int32_t vocab = model_->config().vocab_size;
   FANTAI_REQUIRE(!prompt.empty(), "the prompt is empty");
   for (int32_t t : prompt) {
-    FANTAI_REQUIRE(t >= 0 && t < vocab, "prompt token id " << t << " is outside the vocabulary [0, " << vocab << ")");
+    FANTAI_REQUIRE(t >= 0 && t < vocab,
+                   "prompt token id " << t << " is outside the vocabulary [0, " << vocab << ")");
   }
   p.validate(vocab);
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -83,17 +85,19 @@ void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling
                  "the prompt has " << n << " tokens; this model's context (max_model_len) is "
                                    << config_.max_model_len << " tokens");
   const int64_t pool_tokens = int64_t{blocks_->num_blocks()} * blocks_->block_size();
-  FANTAI_REQUIRE(n + 1 <= pool_tokens, "the prompt has " << n << " tokens but the KV pool holds only "
-                                                         << pool_tokens << " tokens");
+  FANTAI_REQUIRE(n + 1 <= pool_tokens,
+                 "the prompt has " << n << " tokens but the KV pool holds only " << pool_tokens << " tokens");
 }
 
 void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
                          const std::vector<std::pair<uint64_t, sampling::SamplingParams>>& siblings) {
-  FANTAI_REQUIRE(requests_.find(id) == requests_.end() && pending_siblings_.find(id) == pending_siblings_.end(),
+  FANTAI_REQUIRE(requests_.find(id) == requests_.end() &&
+                     pending_siblings_.find(id) == pending_siblings_.end(),
                  "request id " << id << " is already in use");
   validate_request(prompt, params);
   for (const auto& [sid, sp] : siblings) {
-    FANTAI_REQUIRE(sid != id && requests_.find(sid) == requests_.end(), "request id " << sid << " is already in use");
+    FANTAI_REQUIRE(sid != id && requests_.find(sid) == requests_.end(),
+                   "request id " << sid << " is already in use");
     sp.validate(model_->config().vocab_size);
   }
   auto r = std::make_unique<Request>();
@@ -202,9 +206,10 @@ FinishReason Engine::check_stop(const Request& r, int32_t token, int32_t* stop_i
   const sampling::SamplingParams& p = r.params;
   const int32_t n_out = static_cast<int32_t>(r.output.size());
   if (n_out >= p.min_tokens) {
-    const bool eos = !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), token) !=
-                                          config_.eos_token_ids.end();
-    const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+    const bool eos = !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
+                                                token) != config_.eos_token_ids.end();
+    const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+                      p.stop_token_ids.end();
     if (eos || stop) {
       *stop_id = token;
       return FinishReason::kStop;
@@ -340,7 +345,8 @@ void Engine::postprocess(Request* r, const sampling::SampleResult& res, std::vec
   StepOutput o;
   o.request_id = r->id;
   o.token_ids.push_back(res.token);
-  o.logprobs.push_back({res.logprob, r->params.logprobs >= 0 ? res.top : std::vector<std::pair<int32_t, float>>{}});
+  o.logprobs.push_back(
+      {res.logprob, r->params.logprobs >= 0 ? res.top : std::vector<std::pair<int32_t, float>>{}});
   if (r->output.size() == 1) o.queue_seconds = r->first_scheduled_time - r->arrival_time;
   o.finish_reason = check_stop(*r, res.token, &o.stop_token_id);
   o.finished = o.finish_reason != FinishReason::kNone;
@@ -369,8 +375,8 @@ EngineStats Engine::stats() const {
   s.prefix_hits = b.prefix_hits;
   s.evictions = b.evictions;
   s.copy_on_writes = b.copy_on_writes;
-  s.bytes_per_block = static_cast<int64_t>(model::KVCache::bytes_per_block(
-      model_->config(), blocks_->block_size(), cache_->layout().dtype));
+  s.bytes_per_block = static_cast<int64_t>(
+      model::KVCache::bytes_per_block(model_->config(), blocks_->block_size(), cache_->layout().dtype));
   return s;
 }
 

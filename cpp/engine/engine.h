@@ -12,23 +12,23 @@
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
-#include "sampling/sampling_params.h"
 #include "engine/scheduler.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
+#include "sampling/sampling_params.h"
 
 namespace fantai::engine {
 
 struct EngineConfig {
   int32_t block_size = 16;
-  int32_t num_blocks = 0;        // > 0 fixes the pool size in blocks (overrides kv_cache_bytes)
-  int64_t kv_cache_bytes = 0;    // 0: a share of the available RAM (see default_kv_cache_bytes)
+  int32_t num_blocks = 0;      // > 0 fixes the pool size in blocks (overrides kv_cache_bytes)
+  int64_t kv_cache_bytes = 0;  // 0: a share of the available RAM (see default_kv_cache_bytes)
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 0;  // 0: max(2048, max_model_len) when not chunking
-  int32_t max_model_len = 0;     // 0: the model's max_position_embeddings
+  int32_t max_model_len = 0;           // 0: the model's max_position_embeddings
   bool enable_chunked_prefill = true;
-  uint64_t seed = 0;             // engine generator for requests without a seed
+  uint64_t seed = 0;                   // engine generator for requests without a seed
   std::vector<int32_t> eos_token_ids;  // empty: the model config's
   std::string kv_cache_dtype = "float32";
   bool enable_prefix_caching = true;
@@ -37,20 +37,20 @@ struct EngineConfig {
 };
 
 struct TokenLogprob {
-  float logprob = 0.0f;                         // of the sampled token
-  std::vector<std::pair<int32_t, float>> top;   // top-N (token, logprob)
+  float logprob = 0.0f;                        // of the sampled token
+  std::vector<std::pair<int32_t, float>> top;  // top-N (token, logprob)
 };
 
 struct StepOutput {
   uint64_t request_id = 0;
-  std::vector<int32_t> token_ids;       // new tokens this step (0 or 1 today)
-  std::vector<TokenLogprob> logprobs;   // one per new token
+  std::vector<int32_t> token_ids;      // new tokens this step (0 or 1 today)
+  std::vector<TokenLogprob> logprobs;  // one per new token
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
-  int32_t stop_token_id = -1;           // the stop/eos id that finished it, else -1
+  int32_t stop_token_id = -1;  // the stop/eos id that finished it, else -1
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;
-  double queue_seconds = -1.0;          // arrival to first scheduled, on the first token's output
+  double queue_seconds = -1.0;  // arrival to first scheduled, on the first token's output
 };
 
 struct EngineStats {
@@ -60,11 +60,11 @@ struct EngineStats {
   int64_t num_preemptions = 0, num_steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // computed so far (prefill incl. recompute)
   int64_t last_batch_tokens = 0, last_batch_decode = 0, last_batch_prefill = 0;
-  int64_t num_cached_blocks = 0;           // unowned blocks holding reusable prefix KV
+  int64_t num_cached_blocks = 0;                // unowned blocks holding reusable prefix KV
   int64_t prefix_queries = 0, prefix_hits = 0;  // tokens looked up / found in the prefix cache
   int64_t evictions = 0, copy_on_writes = 0;
   int64_t bytes_per_block = 0;
-  int64_t num_releases = 0;                 // release_memory() calls that returned pages
+  int64_t num_releases = 0;  // release_memory() calls that returned pages
   // Wall seconds spent in each phase of step(), summed over all steps: the engine's own overhead
   // (everything but forward) as a share of step time, measured where it happens.
   double time_schedule_s = 0.0;     // scheduler: admission, preemption, block allocation
@@ -78,20 +78,20 @@ struct EngineStats {
 // One live request as an observer (the dashboard) sees it: where its KV lives, how far it got.
 struct RequestSnapshot {
   uint64_t id = 0;
-  bool running = false;                // false: waiting (not yet admitted, or preempted)
-  std::vector<int32_t> block_table;    // [ceil(num_tokens / block_size)] logical i -> physical
-  int32_t num_tokens = 0;              // prompt + output so far
+  bool running = false;              // false: waiting (not yet admitted, or preempted)
+  std::vector<int32_t> block_table;  // [ceil(num_tokens / block_size)] logical i -> physical
+  int32_t num_tokens = 0;            // prompt + output so far
   int32_t num_prompt_tokens = 0;
-  int32_t num_computed_tokens = 0;     // tokens whose K/V are in the cache
+  int32_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
   int32_t num_preemptions = 0;
 };
 
 // A copy of the block pool and the queues at one instant. Built by the thread that steps.
 struct EngineSnapshot {
   enum BlockState : uint8_t { kClean = 0, kCached = 1, kUsed = 2 };
-  std::vector<uint8_t> block_states;     // [num_blocks] BlockState
-  std::vector<int32_t> ref_counts;       // [num_blocks] owners per block (> 1: shared)
-  std::vector<RequestSnapshot> requests; // running (admission order), then waiting (queue order)
+  std::vector<uint8_t> block_states;      // [num_blocks] BlockState
+  std::vector<int32_t> ref_counts;        // [num_blocks] owners per block (> 1: shared)
+  std::vector<RequestSnapshot> requests;  // running (admission order), then waiting (queue order)
   EngineStats stats;
 };
 

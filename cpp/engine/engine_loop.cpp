@@ -85,8 +85,7 @@ void EngineLoop::abort_request(uint64_t id) {
 
 std::vector<StepOutput> EngineLoop::wait_outputs(int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  out_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                   [this] { return !outbox_.empty() || stop_; });
+  out_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return !outbox_.empty() || stop_; });
   std::vector<StepOutput> out;
   out.swap(outbox_);
   return out;

@@ -15,13 +15,13 @@ namespace fantai::engine {
 
 // What went into one step's batch, recorded only while an observer watches (see snapshot()).
 struct StepRecord {
-  int64_t step = 0;            // EngineStats::num_steps after the step
-  double time = 0.0;           // seconds, steady clock (CLOCK_MONOTONIC: Python's monotonic())
+  int64_t step = 0;   // EngineStats::num_steps after the step
+  double time = 0.0;  // seconds, steady clock (CLOCK_MONOTONIC: Python's monotonic())
   int32_t decode_tokens = 0, prefill_tokens = 0;
-  int32_t num_running = 0, num_waiting = 0;   // after the step
-  int32_t num_preempted = 0;   // preempted in this step
-  int32_t num_finished = 0;    // finished in this step
-  int32_t num_joined = 0;      // entered the running set in this step (admitted or forked)
+  int32_t num_running = 0, num_waiting = 0;  // after the step
+  int32_t num_preempted = 0;                 // preempted in this step
+  int32_t num_finished = 0;                  // finished in this step
+  int32_t num_joined = 0;                    // entered the running set in this step (admitted or forked)
 };
 
 // Thread-safe front of an Engine. The loop thread owns the engine: requests and aborts queue in
@@ -78,7 +78,7 @@ class EngineLoop {
 
   std::shared_ptr<Engine> engine_;
   std::thread thread_;
-  mutable std::mutex mu_;          // guards inbox, aborts, outbox, stats_, flags
+  mutable std::mutex mu_;  // guards inbox, aborts, outbox, stats_, flags
   std::condition_variable work_cv_, out_cv_;
   std::deque<Pending> inbox_;
   std::vector<uint64_t> aborts_;

@@ -16,8 +16,8 @@ const char* finish_reason_name(FinishReason r);  // "", "stop", "length", "abort
 
 struct Request {
   uint64_t id = 0;
-  std::vector<int32_t> prompt;   // [num_prompt_tokens]
-  std::vector<int32_t> output;   // [num_output_tokens] sampled so far
+  std::vector<int32_t> prompt;  // [num_prompt_tokens]
+  std::vector<int32_t> output;  // [num_output_tokens] sampled so far
   sampling::SamplingParams params;
   RequestStatus status = RequestStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
@@ -27,8 +27,8 @@ struct Request {
   int32_t num_computed_tokens = 0;
   BlockTable block_table;
   int32_t num_preemptions = 0;
-  std::mt19937_64 rng;           // per-request, so seeded output is batch independent
-  double arrival_time = 0.0;     // seconds, steady clock
+  std::mt19937_64 rng;        // per-request, so seeded output is batch independent
+  double arrival_time = 0.0;  // seconds, steady clock
   double first_scheduled_time = -1.0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(prompt.size() + output.size()); }

@@ -15,9 +15,7 @@ double now_seconds() {
 }
 
 // A chunk that starts past the prompt only (re)computes generated tokens: counted as decode.
-bool is_decode(const ScheduledSeq& s) {
-  return s.start >= static_cast<int32_t>(s.request->prompt.size());
-}
+bool is_decode(const ScheduledSeq& s) { return s.start >= static_cast<int32_t>(s.request->prompt.size()); }
 
 }  // namespace
 
@@ -37,7 +35,8 @@ void gather_tokens(const Request& r, int32_t n, std::vector<int32_t>* out) {
 }
 
 void Scheduler::add_running(Request* request) {
-  FANTAI_CHECK(request != nullptr && !request->block_table.blocks.empty(), "add_running: request holds no blocks");
+  FANTAI_CHECK(request != nullptr && !request->block_table.blocks.empty(),
+               "add_running: request holds no blocks");
   request->status = RequestStatus::kRunning;
   running_.push_back(request);
 }
@@ -128,11 +127,11 @@ void Scheduler::admit_waiting(ScheduledBatch& batch) {
     const int32_t n = std::min(remaining, budget_left(batch));
     // Without chunked prefill the remainder must fit whole, unless it is longer than any budget
     // (a long prompt or a preempted sequence that outgrew it): waiting would then never end.
-    if (!config_.enable_chunked_prefill && n < remaining &&
-        remaining <= config_.max_num_batched_tokens) {
+    if (!config_.enable_chunked_prefill && n < remaining && remaining <= config_.max_num_batched_tokens) {
       break;
     }
-    const int32_t new_blocks = blocks_->blocks_for(computed + n) - static_cast<int32_t>(r->block_table.blocks.size()) -
+    const int32_t new_blocks = blocks_->blocks_for(computed + n) -
+                               static_cast<int32_t>(r->block_table.blocks.size()) -
                                static_cast<int32_t>(cached.size());
     const bool fits = blocks_->num_evictable(cached) + new_blocks <= blocks_->num_free_blocks();
     if (fits && fresh) {
@@ -218,9 +217,9 @@ void Scheduler::on_step_done(const ScheduledBatch& batch) {
   for (const ScheduledSeq& s : batch.seqs) {
     Request* r = s.request;
     if (r->finished()) continue;  // aborted or finished between schedule() and now
-    FANTAI_CHECK(r->num_computed_tokens == s.start,
-                 "request " << r->id << " computed " << r->num_computed_tokens << " tokens, chunk starts at "
-                            << s.start);
+    FANTAI_CHECK(r->num_computed_tokens == s.start, "request " << r->id << " computed "
+                                                               << r->num_computed_tokens
+                                                               << " tokens, chunk starts at " << s.start);
     r->num_computed_tokens += s.num_new_tokens;
     FANTAI_CHECK(r->block_table.num_tokens == r->num_computed_tokens,
                  "request " << r->id << " table holds " << r->block_table.num_tokens << " slots for "

@@ -12,9 +12,9 @@
 namespace fantai::engine {
 
 struct SchedulerConfig {
-  int32_t max_num_seqs = 256;            // running sequences per step
-  int32_t max_num_batched_tokens = 2048; // token budget per step (decodes + prefill chunks)
-  bool enable_chunked_prefill = true;    // false: a prompt is admitted only when it fits whole
+  int32_t max_num_seqs = 256;             // running sequences per step
+  int32_t max_num_batched_tokens = 2048;  // token budget per step (decodes + prefill chunks)
+  bool enable_chunked_prefill = true;     // false: a prompt is admitted only when it fits whole
 };
 
 // One sequence's share of a step: tokens [start, start + num_new_tokens) of its token list.
@@ -28,9 +28,9 @@ struct ScheduledSeq {
 struct ScheduledBatch {
   std::vector<ScheduledSeq> seqs;  // running decodes first, then prefill chunks
   int32_t num_tokens = 0;
-  int32_t num_decode_tokens = 0;   // seqs that were already past their prompt
+  int32_t num_decode_tokens = 0;  // seqs that were already past their prompt
   int32_t num_prefill_tokens = 0;
-  std::vector<Request*> preempted; // moved back to the head of the waiting queue this step
+  std::vector<Request*> preempted;  // moved back to the head of the waiting queue this step
   // Running requests that could not grow even with every other request preempted (the pool is
   // smaller than one sequence): finished with FinishReason::kLength, blocks freed.
   std::vector<Request*> finished_out_of_blocks;

@@ -19,8 +19,8 @@ KVCache::KVCache(const ModelConfig& c, int32_t num_blocks, int32_t block_size, D
                  Backend* backend) {
   FANTAI_REQUIRE(num_blocks > 0, "the KV pool must hold at least one block");
   FANTAI_REQUIRE(block_size > 0 && block_size <= 1024, "block_size must be in [1, 1024]");
-  FANTAI_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 ||
-                     dtype == DType::kI8, "unsupported KV cache dtype " << dtype_name(dtype));
+  FANTAI_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kI8,
+                 "unsupported KV cache dtype " << dtype_name(dtype));
   layout_ = KVLayout{num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype};
   block_bytes_ = layout_.block_data_bytes();
   block_scale_bytes_ = layout_.block_scale_bytes();

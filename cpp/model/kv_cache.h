@@ -11,8 +11,7 @@ namespace fantai::model {
 
 class KVCache {
  public:
-  KVCache(const ModelConfig& config, int32_t num_blocks, int32_t block_size, DType dtype,
-          Backend* backend);
+  KVCache(const ModelConfig& config, int32_t num_blocks, int32_t block_size, DType dtype, Backend* backend);
 
   // Bytes one block takes over all layers, K and V (int8 scales included).
   static size_t bytes_per_block(const ModelConfig& config, int32_t block_size, DType dtype);
@@ -34,8 +33,8 @@ class KVCache {
   }
 
   KVLayout layout_;
-  size_t layer_bytes_ = 0;  // one of K or V of one layer, 64-byte rounded (scales included)
-  size_t block_bytes_ = 0;  // one block of K (or V) values of one layer
+  size_t layer_bytes_ = 0;        // one of K or V of one layer, 64-byte rounded (scales included)
+  size_t block_bytes_ = 0;        // one block of K (or V) values of one layer
   size_t block_scale_bytes_ = 0;  // its int8 scales (0 for float types)
   int32_t num_layers_ = 0;
   Buffer buffer_;

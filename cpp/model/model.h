@@ -60,8 +60,8 @@ class Model {
   void ensure_workspace(int32_t num_tokens);
   // y[m, n] = x[m, k] . W^T (+ bias) for a linear held dense, quantized, or as a mix of row parts.
   // packed: `dense` is in the backend's packed layout (LayerWeights::packed).
-  void linear(const float* x, const void* dense, const QuantParts& parts, const float* bias,
-              float* y, int64_t m, int64_t n, int64_t k, bool packed = false);
+  void linear(const float* x, const void* dense, const QuantParts& parts, const float* bias, float* y,
+              int64_t m, int64_t n, int64_t k, bool packed = false);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
   ForwardBatch stage_on_device(const ForwardBatch& host_batch);

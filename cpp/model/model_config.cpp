@@ -44,8 +44,7 @@ void parse_rope(const json& j, ModelConfig& c) {
   s.factor = get_or<float>(*rope, "factor", 1.0f);
   s.low_freq_factor = get_or<float>(*rope, "low_freq_factor", 1.0f);
   s.high_freq_factor = get_or<float>(*rope, "high_freq_factor", 4.0f);
-  s.original_max_position_embeddings =
-      get_or<int32_t>(*rope, "original_max_position_embeddings", 8192);
+  s.original_max_position_embeddings = get_or<int32_t>(*rope, "original_max_position_embeddings", 8192);
   FANTAI_REQUIRE(type == "default" || type == "linear" || type == "llama3",
                  "unsupported rope scaling type '" << type << "' (supported: default, linear, llama3)");
 }
@@ -64,12 +63,14 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
     c.architecture = j["architectures"][0].get<std::string>();
   } else {
-    c.architecture = c.model_type == "qwen2" ? "Qwen2ForCausalLM"
-                     : c.model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM";
+    c.architecture = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                     : c.model_type == "mistral" ? "MistralForCausalLM"
+                                                 : "LlamaForCausalLM";
   }
   FANTAI_REQUIRE(c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM" ||
                      c.architecture == "Qwen2ForCausalLM",
-                 "unsupported architecture '" << c.architecture
+                 "unsupported architecture '"
+                     << c.architecture
                      << "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
   c.vocab_size = get_or<int32_t>(j, "vocab_size", 0);
   c.hidden_size = get_or<int32_t>(j, "hidden_size", 0);
@@ -77,8 +78,8 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   c.num_layers = get_or<int32_t>(j, "num_hidden_layers", 0);
   c.num_heads = get_or<int32_t>(j, "num_attention_heads", 0);
   c.num_kv_heads = get_or<int32_t>(j, "num_key_value_heads", c.num_heads);
-  FANTAI_REQUIRE(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
-                     c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
+  FANTAI_REQUIRE(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 &&
+                     c.num_heads > 0 && c.num_kv_heads > 0,
                  "config.json lacks one of vocab_size, hidden_size, intermediate_size, "
                  "num_hidden_layers, num_attention_heads");
   FANTAI_REQUIRE(c.num_heads % c.num_kv_heads == 0,
@@ -106,9 +107,9 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
 
 std::string ModelConfig::summary() const {
   std::ostringstream o;
-  o << architecture << ": " << num_layers << " layers, hidden " << hidden_size << ", heads "
-    << num_heads << "/" << num_kv_heads << " (q/kv), head_dim " << head_dim << ", vocab "
-    << vocab_size << ", rope " << rope_scaling.type << " theta " << rope_theta;
+  o << architecture << ": " << num_layers << " layers, hidden " << hidden_size << ", heads " << num_heads
+    << "/" << num_kv_heads << " (q/kv), head_dim " << head_dim << ", vocab " << vocab_size << ", rope "
+    << rope_scaling.type << " theta " << rope_theta;
   return o.str();
 }
 
@@ -132,7 +133,8 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
       if (wavelen > low_wavelen) {
         f = f / s.factor;
       } else if (wavelen >= high_wavelen) {
-        const float smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        const float smooth = (old_len / wavelen - s.low_freq_factor) /
+                             (s.high_freq_factor - s.low_freq_factor);
         f = (1.0f - smooth) * f / s.factor + smooth * f;
       }
     }

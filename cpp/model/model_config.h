@@ -12,8 +12,8 @@ namespace fantai::model {
 struct RopeScaling {
   std::string type = "default";  // "default" | "linear" | "llama3"
   float factor = 1.0f;
-  float low_freq_factor = 1.0f;   // llama3
-  float high_freq_factor = 4.0f;  // llama3
+  float low_freq_factor = 1.0f;                     // llama3
+  float high_freq_factor = 4.0f;                    // llama3
   int32_t original_max_position_embeddings = 8192;  // llama3
 };
 

@@ -36,7 +36,8 @@ BlockInfo block_info(int32_t type) {
     case kGgmlIQ4_NL: return {32, 18};
     case kGgmlIQ4_XS: return {256, 136};
   }
-  FANTAI_THROW("unsupported GGUF tensor type " << type
+  FANTAI_THROW("unsupported GGUF tensor type "
+               << type
                << " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
                   "IQ4_NL, IQ4_XS)");
 }
@@ -54,7 +55,7 @@ Canonical canonical_of(int32_t type) {
   switch (type) {
     case kGgmlQ4_0: return {4, 32, 8, false};
     case kGgmlQ4_1: return {4, 32, 0, true};
-    case kGgmlQ5_0: return {8, 32, 16, false};   // 5-bit values 0..31
+    case kGgmlQ5_0: return {8, 32, 16, false};  // 5-bit values 0..31
     case kGgmlQ5_1: return {8, 32, 0, true};
     case kGgmlQ8_0: return {8, 32, 128, false};  // int8 stored offset by 128
     case kGgmlQ2_K: return {4, 16, 0, true};     // 2-bit values 0..3
@@ -101,8 +102,8 @@ void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
 }
 
 // One row of blocks into q / scale / zero / min at element offset 0 of the row.
-void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, float* scale,
-                uint8_t* zero, float* min) {
+void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, float* scale, uint8_t* zero,
+                float* min) {
   const BlockInfo bi = block_info(type);
   const int64_t nb = cols / bi.elems;
   for (int64_t b = 0; b < nb; ++b, src += bi.bytes) {
@@ -113,7 +114,7 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
         for (int i = 0; i < 32; ++i) qb[i] = static_cast<uint8_t>(static_cast<int8_t>(src[2 + i]) + 128);
         break;
       }
-      case kGgmlQ4_0:  // f16 d, 16 bytes: low nibbles elements 0..15, high 16..31; y = (nib - 8) d
+      case kGgmlQ4_0:    // f16 d, 16 bytes: low nibbles elements 0..15, high 16..31; y = (nib - 8) d
       case kGgmlQ4_1: {  // f16 d, f16 m, nibbles; y = nib * d + m
         const int off = type == kGgmlQ4_0 ? 2 : 4;
         scale[b] = half(src);
@@ -124,7 +125,7 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
         }
         break;
       }
-      case kGgmlQ5_0:  // f16 d, u32 5th bits (bit i for element i), Q4_0's nibbles; y = (q - 16) d
+      case kGgmlQ5_0:    // f16 d, u32 5th bits (bit i for element i), Q4_0's nibbles; y = (q - 16) d
       case kGgmlQ5_1: {  // f16 d, f16 m, u32 5th bits, nibbles; y = q * d + m
         const int off = type == kGgmlQ5_0 ? 2 : 4;
         scale[b] = half(src);
@@ -264,9 +265,18 @@ float deq(float s, int qz, const float* min, int64_t i) {
 bool ggml_is_float(int32_t t) { return t == kGgmlF32 || t == kGgmlF16 || t == kGgmlBF16; }
 bool ggml_is_quant(int32_t t) {
   switch (t) {
-    case kGgmlQ4_0: case kGgmlQ4_1: case kGgmlQ5_0: case kGgmlQ5_1: case kGgmlQ8_0: case kGgmlQ2_K:
-    case kGgmlQ3_K: case kGgmlQ4_K: case kGgmlQ5_K: case kGgmlQ6_K: case kGgmlIQ4_NL: case kGgmlIQ4_XS:
-      return true;
+    case kGgmlQ4_0:
+    case kGgmlQ4_1:
+    case kGgmlQ5_0:
+    case kGgmlQ5_1:
+    case kGgmlQ8_0:
+    case kGgmlQ2_K:
+    case kGgmlQ3_K:
+    case kGgmlQ4_K:
+    case kGgmlQ5_K:
+    case kGgmlQ6_K:
+    case kGgmlIQ4_NL:
+    case kGgmlIQ4_XS: return true;
   }
   return false;
 }
@@ -296,8 +306,8 @@ const char* ggml_format_name(int32_t t) {
 size_t ggml_tensor_bytes(int32_t type, int64_t rows, int64_t cols) {
   const BlockInfo bi = block_info(type);
   FANTAI_REQUIRE(rows > 0 && cols > 0, "GGUF tensor: bad shape [" << rows << ", " << cols << "]");
-  FANTAI_REQUIRE(cols % bi.elems == 0, "GGUF " << ggml_format_name(type) << " tensor: row length "
-                                               << cols << " is not a multiple of the block size " << bi.elems);
+  FANTAI_REQUIRE(cols % bi.elems == 0, "GGUF " << ggml_format_name(type) << " tensor: row length " << cols
+                                               << " is not a multiple of the block size " << bi.elems);
   return static_cast<size_t>(rows) * static_cast<size_t>(cols / bi.elems * bi.bytes);
 }
 
@@ -320,7 +330,8 @@ QuantMatrix QuantTensor::view() const {
 
 QuantTensor ggml_decode(const void* data, size_t nbytes, int32_t type, int64_t rows, int64_t cols,
                         const int32_t* row_perm) {
-  FANTAI_REQUIRE(ggml_is_quant(type), "GGUF type " << ggml_format_name(type) << " is not a quantized block format");
+  FANTAI_REQUIRE(ggml_is_quant(type),
+                 "GGUF type " << ggml_format_name(type) << " is not a quantized block format");
   const size_t want = ggml_tensor_bytes(type, rows, cols);
   FANTAI_REQUIRE(nbytes == want, "GGUF " << ggml_format_name(type) << " tensor [" << rows << ", " << cols
                                          << "] needs " << want << " bytes, got " << nbytes);
@@ -358,9 +369,10 @@ void ggml_to_f32(const void* data, size_t nbytes, int32_t type, int64_t rows, in
     const size_t row_bytes = want / static_cast<size_t>(rows);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t s = row_perm ? row_perm[r] : r;
-      FANTAI_REQUIRE(s >= 0 && s < rows, "row_perm[" << r << "] = " << s << " is outside [0, " << rows << ")");
-      convert_to_f32(static_cast<const char*>(data) + static_cast<size_t>(s) * row_bytes, dt,
-                     out + r * cols, static_cast<size_t>(cols));
+      FANTAI_REQUIRE(s >= 0 && s < rows,
+                     "row_perm[" << r << "] = " << s << " is outside [0, " << rows << ")");
+      convert_to_f32(static_cast<const char*>(data) + static_cast<size_t>(s) * row_bytes, dt, out + r * cols,
+                     static_cast<size_t>(cols));
     }
     return;
   }
@@ -404,8 +416,11 @@ QuantTensor quantize_rtn(const float* w, int64_t rows, int64_t cols, int32_t bit
       }
       for (int64_t c = c0; c < c1; ++c) {
         const float v = std::nearbyint(x[c] / s);
-        const int q = symmetric ? static_cast<int>(std::clamp(v, static_cast<float>(-qmax_sym), static_cast<float>(qmax_sym))) + mid
-                                : static_cast<int>(std::clamp(v + static_cast<float>(zero), 0.f, static_cast<float>(qmax)));
+        const int q = symmetric ? static_cast<int>(std::clamp(v, static_cast<float>(-qmax_sym),
+                                                              static_cast<float>(qmax_sym))) +
+                                      mid
+                                : static_cast<int>(std::clamp(v + static_cast<float>(zero), 0.f,
+                                                              static_cast<float>(qmax)));
         t.q[r * cols + c] = static_cast<uint8_t>(q);
       }
       t.scale[r * ng + g] = s;

@@ -13,9 +13,21 @@ namespace fantai::model {
 
 // GGUF / ggml tensor type ids this loader understands.
 enum GgmlType : int32_t {
-  kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ5_0 = 6, kGgmlQ5_1 = 7, kGgmlQ8_0 = 8,
-  kGgmlQ2_K = 10, kGgmlQ3_K = 11, kGgmlQ4_K = 12, kGgmlQ5_K = 13, kGgmlQ6_K = 14, kGgmlIQ4_NL = 20,
-  kGgmlIQ4_XS = 23, kGgmlBF16 = 30,
+  kGgmlF32 = 0,
+  kGgmlF16 = 1,
+  kGgmlQ4_0 = 2,
+  kGgmlQ4_1 = 3,
+  kGgmlQ5_0 = 6,
+  kGgmlQ5_1 = 7,
+  kGgmlQ8_0 = 8,
+  kGgmlQ2_K = 10,
+  kGgmlQ3_K = 11,
+  kGgmlQ4_K = 12,
+  kGgmlQ5_K = 13,
+  kGgmlQ6_K = 14,
+  kGgmlIQ4_NL = 20,
+  kGgmlIQ4_XS = 23,
+  kGgmlBF16 = 30,
 };
 
 bool ggml_is_float(int32_t type);  // F32, F16, BF16
@@ -32,13 +44,13 @@ struct QuantTensor {
   int32_t group = 0;
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<uint8_t> q;      // [rows, cols], one value per byte
-  std::vector<float> scale;    // [rows, ngroups]
-  std::vector<uint8_t> zero;   // [rows, ngroups] or empty (then zero_point for every group)
+  std::vector<uint8_t> q;     // [rows, cols], one value per byte
+  std::vector<float> scale;   // [rows, ngroups]
+  std::vector<uint8_t> zero;  // [rows, ngroups] or empty (then zero_point for every group)
   int32_t zero_point = 0;
-  std::vector<float> min;      // [rows, ngroups] or empty
-  std::vector<int32_t> perm;   // [cols] or empty
-  std::string format;          // "q4_k", "int4g32", ...
+  std::vector<float> min;     // [rows, ngroups] or empty
+  std::vector<int32_t> perm;  // [cols] or empty
+  std::string format;         // "q4_k", "int4g32", ...
   QuantMatrix view() const;
 };
 

@@ -12,7 +12,9 @@ namespace fantai::model {
 
 Model::Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend,
              const std::string& quantization)
-    : config_(config), dtype_(dtype), backend_(std::move(backend)),
+    : config_(config),
+      dtype_(dtype),
+      backend_(std::move(backend)),
       weights_(config_, dtype, backend_.get(), quantization) {}
 
 std::shared_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& dtype,
@@ -67,14 +69,13 @@ void Model::ensure_workspace(int32_t n) {
   capacity_ = cap;
 }
 
-void Model::linear(const float* x, const void* dense, const QuantParts& parts, const float* bias,
-                   float* y, int64_t m, int64_t n, int64_t k, bool packed) {
+void Model::linear(const float* x, const void* dense, const QuantParts& parts, const float* bias, float* y,
+                   int64_t m, int64_t n, int64_t k, bool packed) {
   Backend* be = backend_.get();
   // Rows that came dense (all of them for an unquantized model: the path of old, bit for bit).
   if (dense && packed) be->linear_packed(x, dense, dtype_, bias, y, m, n, k);
   else if (dense) be->linear(x, dense, dtype_, bias, y, m, n, k);
-  for (const QuantPart& p : parts)
-    be->linear_q(x, p.w, bias ? bias + p.row0 : nullptr, y + p.row0, m, n);
+  for (const QuantPart& p : parts) be->linear_q(x, p.w, bias ? bias + p.row0 : nullptr, y + p.row0, m, n);
 }
 
 void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
@@ -83,8 +84,8 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   Backend* be = backend_.get();
   const int64_t n = b.num_tokens, qkv_dim = c.q_dim() + 2 * c.kv_dim();
   float* qkv = qkv_.as<float>();
-  linear(normed_.as<float>(), L.qkv.data(), L.qkv_q, L.qkv_bias.as<float>(), qkv, n, qkv_dim,
-         c.hidden_size, L.packed);
+  linear(normed_.as<float>(), L.qkv.data(), L.qkv_q, L.qkv_bias.as<float>(), qkv, n, qkv_dim, c.hidden_size,
+         L.packed);
   float* q = qkv;
   float* k = qkv + c.q_dim();
   float* v = k + c.kv_dim();
@@ -92,8 +93,8 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
            cos_sin_.as<float>());
   be->store_kv(k, v, qkv_dim, b.slot_mapping, n, cache.k(layer), cache.v(layer), cache.layout());
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(), b.attn, c.num_heads,
-                scale, attn_out_.as<float>());
+  be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(), b.attn, c.num_heads, scale,
+                attn_out_.as<float>());
   linear(attn_out_.as<float>(), L.o.data(), L.o_q, L.o_bias.as<float>(), proj_out_.as<float>(), n,
          c.hidden_size, c.q_dim(), L.packed);
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
@@ -106,11 +107,11 @@ void Model::mlp_block(int layer, int32_t n) {
   const int64_t inter = c.intermediate_size;
   if (!(L.packed && be->mlp_packed(normed_.as<float>(), L.gate_up.data(), L.down.data(), dtype_,
                                    proj_out_.as<float>(), n, inter, c.hidden_size))) {
-    linear(normed_.as<float>(), L.gate_up.data(), L.gate_up_q, nullptr, gate_up_.as<float>(), n,
-           2 * inter, c.hidden_size, L.packed);
+    linear(normed_.as<float>(), L.gate_up.data(), L.gate_up_q, nullptr, gate_up_.as<float>(), n, 2 * inter,
+           c.hidden_size, L.packed);
     be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
-    linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n,
-           c.hidden_size, inter, L.packed);
+    linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n, c.hidden_size, inter,
+           L.packed);
   }
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
@@ -155,9 +156,11 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   const int64_t H = c.hidden_size;
   for (int32_t i = 0; i < n; ++i) {
     FANTAI_REQUIRE(host_batch.token_ids[i] >= 0 && host_batch.token_ids[i] < c.vocab_size,
-                   "token id " << host_batch.token_ids[i] << " is outside the vocabulary [0, " << c.vocab_size << ")");
+                   "token id " << host_batch.token_ids[i] << " is outside the vocabulary [0, " << c.vocab_size
+                               << ")");
     FANTAI_REQUIRE(host_batch.positions[i] < max_positions_,
-                   "position " << host_batch.positions[i] << " exceeds max_position_embeddings " << max_positions_);
+                   "position " << host_batch.positions[i] << " exceeds max_position_embeddings "
+                               << max_positions_);
   }
   const ForwardBatch b = be->is_device() ? stage_on_device(host_batch) : host_batch;
   // Every layer attends over the same metadata: plan it once for the step.

@@ -18,17 +18,20 @@ struct Weights::Slot {
   int64_t total_rows = 0;
   int64_t row_offset = 0;
   int64_t rows = 0;
-  int64_t cols = 0;  // 1 for vectors
-  bool f32 = false;  // norms and biases stay f32
+  int64_t cols = 0;              // 1 for vectors
+  bool f32 = false;              // norms and biases stay f32
   QuantParts* qparts = nullptr;  // where quantized row ranges of this matrix go
   bool projection = false;       // q/k/v/o/gate/up/down: quantized online when asked
 };
 
-Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend,
-                 const std::string& quantization)
-    : config_(config), dtype_(dtype), backend_(backend),
-      quantization_(quantization.empty() ? "none" : quantization), layers_(config.num_layers) {
-  FANTAI_REQUIRE(dtype != DType::kI8, "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
+Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend, const std::string& quantization)
+    : config_(config),
+      dtype_(dtype),
+      backend_(backend),
+      quantization_(quantization.empty() ? "none" : quantization),
+      layers_(config.num_layers) {
+  FANTAI_REQUIRE(dtype != DType::kI8,
+                 "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
   FANTAI_REQUIRE(quantization_ == "none" || quantization_ == "int8" || quantization_ == "int4",
                  "unknown quantization '" << quantization << "' (expected none, int8 or int4)");
 }
@@ -47,7 +50,8 @@ Weights::Slot Weights::resolve(const std::string& name) {
   const int64_t QKV = Q + 2 * KV;
   // Embedding and lm_head are never quantized online (only when the checkpoint is): they are a
   // small share of a large model and the most sensitive matrices.
-  if (name == "model.embed_tokens.weight") return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
+  if (name == "model.embed_tokens.weight")
+    return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
   if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true};
   if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false, &lm_head_q_};
   static const std::regex re(R"(model\.layers\.(\d+)\.(\w+)\.?(\w*)\.(weight|bias))");
@@ -63,8 +67,11 @@ Weights::Slot Weights::resolve(const std::string& name) {
   if (a == "self_attn") {
     int64_t off = b == "q_proj" ? 0 : b == "k_proj" ? Q : b == "v_proj" ? Q + KV : -1;
     int64_t rows = b == "q_proj" ? Q : KV;
-    if (off >= 0) return bias ? Slot{&L.qkv_bias, QKV, off, rows, 1, true} : Slot{&L.qkv, QKV, off, rows, H, false, &L.qkv_q, true};
-    if (b == "o_proj") return bias ? Slot{&L.o_bias, H, 0, H, 1, true} : Slot{&L.o, H, 0, H, Q, false, &L.o_q, true};
+    if (off >= 0)
+      return bias ? Slot{&L.qkv_bias, QKV, off, rows, 1, true}
+                  : Slot{&L.qkv, QKV, off, rows, H, false, &L.qkv_q, true};
+    if (b == "o_proj")
+      return bias ? Slot{&L.o_bias, H, 0, H, 1, true} : Slot{&L.o, H, 0, H, Q, false, &L.o_q, true};
   }
   if (a == "mlp" && !bias) {
     if (b == "gate_proj") return {&L.gate_up, 2 * I, 0, I, H, false, &L.gate_up_q, true};
@@ -74,8 +81,8 @@ Weights::Slot Weights::resolve(const std::string& name) {
   return {};
 }
 
-void Weights::copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols,
-                        const void* src, DType src_dtype, DType dst_dtype) {
+void Weights::copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols, const void* src,
+                        DType src_dtype, DType dst_dtype) {
   const size_t n = static_cast<size_t>(rows * cols);
   char* out = dst.as<char>() + static_cast<size_t>(row_offset * cols) * dtype_size(dst_dtype);
   if (src_dtype == dst_dtype) {
@@ -110,8 +117,8 @@ bool Weights::set(const std::string& name, const void* data, DType src_dtype,
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   FANTAI_REQUIRE(numel == s.rows * s.cols && (shape.size() != 2 || shape[0] == s.rows),
-                 "tensor " << name << " has " << numel << " elements, expected [" << s.rows
-                           << ", " << s.cols << "] from config.json");
+                 "tensor " << name << " has " << numel << " elements, expected [" << s.rows << ", " << s.cols
+                           << "] from config.json");
   if (s.projection && quantization_ != "none") {
     std::vector<float> w(static_cast<size_t>(numel));
     convert_to_f32(data, src_dtype, w.data(), w.size());
@@ -134,15 +141,16 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
                              const std::string& format) {
   FANTAI_REQUIRE(s.qparts != nullptr, "tensor " << name << " cannot be held quantized");
   FANTAI_REQUIRE(canonical.rows == s.rows && canonical.cols == s.cols,
-                 "tensor " << name << " is [" << canonical.rows << ", " << canonical.cols
-                           << "], expected [" << s.rows << ", " << s.cols << "] from config.json");
+                 "tensor " << name << " is [" << canonical.rows << ", " << canonical.cols << "], expected ["
+                           << s.rows << ", " << s.cols << "] from config.json");
   QuantPart part;
   part.row0 = s.row_offset;
   part.mem = Buffer(backend_, backend_->quant_packed_bytes(canonical), false);
   part.w = backend_->pack_quant(canonical, part.mem.data());
   QuantParts& parts = *s.qparts;
-  parts.erase(std::remove_if(parts.begin(), parts.end(), [&](const QuantPart& p) { return p.row0 == part.row0; }),
-              parts.end());
+  parts.erase(
+      std::remove_if(parts.begin(), parts.end(), [&](const QuantPart& p) { return p.row0 == part.row0; }),
+      parts.end());
   parts.push_back(std::move(part));
   loaded_.push_back(name);
   formats_[name] = format;
@@ -163,7 +171,8 @@ bool Weights::set_ggml(const std::string& name, const void* data, size_t nbytes,
   // Float tensors (and quantized norms, which are never kept quantized) go through f32.
   std::vector<float> f(static_cast<size_t>(rows * cols));
   ggml_to_f32(data, nbytes, ggml_type, rows, cols, row_perm, f.data());
-  const std::vector<int64_t> shape = s.cols == 1 ? std::vector<int64_t>{rows * cols} : std::vector<int64_t>{rows, cols};
+  const std::vector<int64_t> shape = s.cols == 1 ? std::vector<int64_t>{rows * cols}
+                                                 : std::vector<int64_t>{rows, cols};
   return set(name, f.data(), DType::kF32, shape);
 }
 
@@ -228,8 +237,10 @@ void Weights::pack_layers() {
   for (LayerWeights& L : layers_) {
     if (L.packed || !L.qkv_q.empty() || !L.o_q.empty() || !L.gate_up_q.empty() || !L.down_q.empty()) continue;
     const int64_t H = c.hidden_size, qkv = c.q_dim() + 2 * c.kv_dim(), inter = c.intermediate_size;
-    const struct { Buffer* b; int64_t n, k; } mats[] = {
-        {&L.qkv, qkv, H}, {&L.o, H, c.q_dim()}, {&L.gate_up, 2 * inter, H}, {&L.down, H, inter}};
+    const struct {
+      Buffer* b;
+      int64_t n, k;
+    } mats[] = {{&L.qkv, qkv, H}, {&L.o, H, c.q_dim()}, {&L.gate_up, 2 * inter, H}, {&L.down, H, inter}};
     bool all = true;
     for (const auto& mt : mats) all = all && backend_->dense_packed_bytes(dtype_, mt.n, mt.k) > 0;
     if (!all) return;  // the same for every layer
@@ -249,7 +260,8 @@ void Weights::pack_layers() {
 void Weights::pack_lm_head() {
   const int64_t V = config_.vocab_size, H = config_.hidden_size;
   const bool own = lm_head_.data() != nullptr;
-  const bool dense = own ? lm_head_q_.empty() : embed_.data() != nullptr && embed_q_.empty() && lm_head_q_.empty();
+  const bool dense = own ? lm_head_q_.empty()
+                         : embed_.data() != nullptr && embed_q_.empty() && lm_head_q_.empty();
   if (lm_head_packed_.data() || !dense || backend_->dense_packed_bytes(dtype_, V, H) == 0) return;
   Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, V, H), false);
   backend_->pack_dense(own ? lm_head_.data() : embed_.data(), dtype_, V, H, packed.data());
@@ -278,9 +290,9 @@ size_t Weights::total_bytes() const {
   size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes() + lm_head_packed_.bytes() +
                  parts(embed_q_) + parts(lm_head_q_);
   for (const LayerWeights& L : layers_) {
-    total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() +
-             L.o_bias.bytes() + L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() +
-             parts(L.qkv_q) + parts(L.o_q) + parts(L.gate_up_q) + parts(L.down_q);
+    total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.o_bias.bytes() +
+             L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() + parts(L.qkv_q) + parts(L.o_q) +
+             parts(L.gate_up_q) + parts(L.down_q);
   }
   return total;
 }

@@ -24,14 +24,14 @@ struct QuantPart {
 using QuantParts = std::vector<QuantPart>;
 
 struct LayerWeights {
-  Buffer input_norm;       // [hidden] f32
-  Buffer qkv;              // [q_dim + 2 * kv_dim, hidden] weight dtype; rows q | k | v
-  Buffer qkv_bias;         // [q_dim + 2 * kv_dim] f32, empty without bias
-  Buffer o;                // [hidden, q_dim]
-  Buffer o_bias;           // [hidden] f32 or empty
-  Buffer post_norm;        // [hidden] f32
-  Buffer gate_up;          // [2 * intermediate, hidden]; rows gate | up
-  Buffer down;             // [hidden, intermediate]
+  Buffer input_norm;  // [hidden] f32
+  Buffer qkv;         // [q_dim + 2 * kv_dim, hidden] weight dtype; rows q | k | v
+  Buffer qkv_bias;    // [q_dim + 2 * kv_dim] f32, empty without bias
+  Buffer o;           // [hidden, q_dim]
+  Buffer o_bias;      // [hidden] f32 or empty
+  Buffer post_norm;   // [hidden] f32
+  Buffer gate_up;     // [2 * intermediate, hidden]; rows gate | up
+  Buffer down;        // [hidden, intermediate]
   // Quantized row ranges of the same matrices; a dense buffer above exists only when some part
   // of it came dense (its rows under a quantized part are zero and get overwritten).
   QuantParts qkv_q, o_q, gate_up_q, down_q;
@@ -50,24 +50,22 @@ class Weights {
  public:
   // quantization: "none", or "int8" / "int4" to quantize dense q/k/v/o/gate/up/down matrices as
   // they are set (round to nearest: int8 per channel, int4 in groups of 32, both symmetric).
-  Weights(const ModelConfig& config, DType dtype, Backend* backend,
-          const std::string& quantization = "none");
+  Weights(const ModelConfig& config, DType dtype, Backend* backend, const std::string& quantization = "none");
 
   // Copies (converting) one checkpoint tensor into place. Unknown names are ignored (returns
   // false), shape mismatches throw. data: row-major in src_dtype.
-  bool set(const std::string& name, const void* data, DType src_dtype,
-           const std::vector<int64_t>& shape);
+  bool set(const std::string& name, const void* data, DType src_dtype, const std::vector<int64_t>& shape);
   // A GGUF tensor [rows, cols] in ggml type `ggml_type` (raw bytes). Block formats stay
   // quantized; F32/F16/BF16 become the dense dtype (or are quantized online). Destination row i
   // takes source row row_perm[i] when row_perm is given.
-  bool set_ggml(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
-                int64_t rows, int64_t cols, const int32_t* row_perm = nullptr);
+  bool set_ggml(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type, int64_t rows,
+                int64_t cols, const int32_t* row_perm = nullptr);
   // A canonical quantized matrix (GPTQ / AWQ / RTN checkpoints); `format` is reported as is.
   bool set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format);
   void finalize();  // throws listing missing tensors; ties lm_head to the embedding if needed
 
   DType dtype() const { return dtype_; }
-  const Buffer& embed() const { return embed_; }        // [vocab, hidden]
+  const Buffer& embed() const { return embed_; }            // [vocab, hidden]
   const Buffer& final_norm() const { return final_norm_; }  // [hidden] f32
   // [vocab, hidden] row-major, or the backend's packed layout when lm_head_packed().
   const void* lm_head() const;

@@ -18,8 +18,8 @@
 #include <cmath>
 #include <limits>
 
-#include "common/check.h"
 #include "backend/backend.h"
+#include "common/check.h"
 
 namespace fantai::sampling {
 namespace {
@@ -28,13 +28,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Reused across rows and steps so the per-step path does not allocate vocab-sized buffers.
 struct Scratch {
-  std::vector<float> w;          // exp((l - lmax) / T): unnormalised probabilities
-  std::vector<int32_t> edge;     // tokens of the bucket that holds a top-k / top-p boundary
-  std::vector<int32_t> cands;    // the top-k tokens, ascending ids
+  std::vector<float> w;             // exp((l - lmax) / T): unnormalised probabilities
+  std::vector<int32_t> edge;        // tokens of the bucket that holds a top-k / top-p boundary
+  std::vector<int32_t> cands;       // the top-k tokens, ascending ids
   std::vector<uint32_t> bin_count;  // tokens per bucket (top-k)
   std::vector<uint64_t> bin_mass;   // quantised mass per bucket (top-p)
-  std::vector<int32_t> count;    // output count per token (-1: prompt only); all zero between rows
-  std::vector<int32_t> touched;  // tokens whose count is non-zero
+  std::vector<int32_t> count;       // output count per token (-1: prompt only); all zero between rows
+  std::vector<int32_t> touched;     // tokens whose count is non-zero
   std::vector<std::pair<int32_t, float>> saved;  // raw value of each logit before we overwrite it
 };
 
@@ -72,8 +72,8 @@ void check_row(const SampleRow& row, int32_t vocab, size_t r) {
   for (const auto& [id, bias] : p.logit_bias) {
     FANTAI_REQUIRE(id >= 0 && id < vocab, "sample: row " << r << ": logit_bias token id " << id
                                                          << " is outside [0, " << vocab << ")");
-    FANTAI_REQUIRE(std::isfinite(bias), "sample: row " << r << ": logit_bias for token " << id
-                                                       << " is not finite: " << bias);
+    FANTAI_REQUIRE(std::isfinite(bias),
+                   "sample: row " << r << ": logit_bias for token " << id << " is not finite: " << bias);
   }
   if (!p.greedy()) {
     FANTAI_REQUIRE(row.rng != nullptr, "sample: row " << r << " is not greedy but has no rng");
@@ -183,8 +183,7 @@ float raw_logit(const float* l, int32_t t, const Scratch& s) {
 
 int32_t argmax(const float* l, int32_t vocab, size_t r) {
   const int32_t best = host_row_reductions().argmax(l, vocab);  // ties keep the lowest id
-  FANTAI_REQUIRE(l[best] != kNegInf,
-                 "sample: row " << r << ": every token is banned or has -inf logit");
+  FANTAI_REQUIRE(l[best] != kNegInf, "sample: row " << r << ": every token is banned or has -inf logit");
   return best;
 }
 
@@ -205,8 +204,8 @@ inline uint64_t quantised_mass(float w) {
 }
 
 struct Dist {
-  const float* l;   // processed logits
-  const float* w;   // exp((l - lmax) / T); the top token has w == 1
+  const float* l;  // processed logits
+  const float* w;  // exp((l - lmax) / T); the top token has w == 1
   int32_t vocab;
   float lmax;
   float inv_t;
@@ -306,8 +305,7 @@ int32_t draw(const float* l, int32_t vocab, const SampleRow& row, size_t r, Scra
   const sampling::SamplingParams& p = *row.params;
   float lmax = kNegInf;
   for (int32_t i = 0; i < vocab; ++i) lmax = std::max(lmax, l[i]);
-  FANTAI_REQUIRE(lmax != kNegInf,
-                 "sample: row " << r << ": every token is banned or has -inf logit");
+  FANTAI_REQUIRE(lmax != kNegInf, "sample: row " << r << ": every token is banned or has -inf logit");
   float* w = s.w.data();
   double z = 0.0;
   for (int32_t i = 0; i < vocab; ++i) {
@@ -328,7 +326,7 @@ int32_t draw(const float* l, int32_t vocab, const SampleRow& row, size_t r, Scra
     d.n_ids = s.cands.size();
   }
   if (p.top_p < 1.0f) d.bound = top_p_bound(d, p.top_p, s);  // within the top-k prefix
-  if (p.min_p > 0.0f) d.min_w = std::min(p.min_p, 1.0f);      // the top token (w == 1) survives
+  if (p.min_p > 0.0f) d.min_w = std::min(p.min_p, 1.0f);     // the top token (w == 1) survives
   return inverse_cdf(d, z, u);
 }
 

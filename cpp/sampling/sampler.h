@@ -26,8 +26,8 @@ struct SampleRow {
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;                            // of `token` under the raw model distribution
-  std::vector<std::pair<int32_t, float>> top;      // top-N (token, logprob), N = params->logprobs
+  float logprob = 0.0f;                        // of `token` under the raw model distribution
+  std::vector<std::pair<int32_t, float>> top;  // top-N (token, logprob), N = params->logprobs
 };
 
 // logits: [rows.size(), vocab] f32, modified in place. Logprobs are log_softmax of the raw logits

@@ -16,10 +16,10 @@
 
 namespace {
 
-using fantai::sampling::SamplingParams;
+using fantai::sampling::sample;
 using fantai::sampling::SampleResult;
 using fantai::sampling::SampleRow;
-using fantai::sampling::sample;
+using fantai::sampling::SamplingParams;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -392,8 +392,7 @@ TEST(SamplerErrors, BadInputsThrow) {
   EXPECT_THROW(sample_one(nan, with_temperature(1.0f), &rng), std::runtime_error);
   std::vector<float> l = {1.0f, 2.0f};
   std::vector<int32_t> bad = {5};
-  EXPECT_THROW(sample_one(l, with_temperature(1.0f), &rng, {nullptr, &bad}),
-               fantai::InvalidArgument);
+  EXPECT_THROW(sample_one(l, with_temperature(1.0f), &rng, {nullptr, &bad}), fantai::InvalidArgument);
   EXPECT_THROW(sample_one(l, with_temperature(1.0f), nullptr), fantai::InvalidArgument);
 }
 
@@ -556,17 +555,13 @@ TEST(SamplingParamsValidate, RejectsEachBadValueWithItsMessage) {
       {[](SamplingParams& p) { p.top_p = 0.0f; }, "top_p must be in (0, 1], got 0"},
       {[](SamplingParams& p) { p.min_p = -0.1f; }, "min_p must be in [0, 1], got -0.1"},
       {[](SamplingParams& p) { p.min_p = 1.5f; }, "min_p must be in [0, 1], got 1.5"},
-      {[](SamplingParams& p) { p.repetition_penalty = 0.0f; },
-       "repetition_penalty must be > 0, got 0"},
-      {[](SamplingParams& p) { p.presence_penalty = 2.5f; },
-       "presence_penalty must be in [-2, 2], got 2.5"},
+      {[](SamplingParams& p) { p.repetition_penalty = 0.0f; }, "repetition_penalty must be > 0, got 0"},
+      {[](SamplingParams& p) { p.presence_penalty = 2.5f; }, "presence_penalty must be in [-2, 2], got 2.5"},
       {[](SamplingParams& p) { p.frequency_penalty = -3.0f; },
        "frequency_penalty must be in [-2, 2], got -3"},
       {[](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens must be >= 1, got 0"},
-      {[](SamplingParams& p) { p.min_tokens = -1; },
-       "min_tokens must be in [0, max_tokens=16], got -1"},
-      {[](SamplingParams& p) { p.min_tokens = 17; },
-       "min_tokens must be in [0, max_tokens=16], got 17"},
+      {[](SamplingParams& p) { p.min_tokens = -1; }, "min_tokens must be in [0, max_tokens=16], got -1"},
+      {[](SamplingParams& p) { p.min_tokens = 17; }, "min_tokens must be in [0, max_tokens=16], got 17"},
       {[](SamplingParams& p) { p.logprobs = 21; }, "logprobs must be <= 20, got 21"},
       {[](SamplingParams& p) { p.stop_token_ids = {3, 100}; },
        "stop_token_ids entry must be in [0, 100), got 100"},
@@ -585,7 +580,6 @@ TEST(SamplingParamsValidate, RejectsEachBadValueWithItsMessage) {
   }
   EXPECT_NE(validate_error(SamplingParams{}, 0).find("vocab_size must be > 0"), std::string::npos);
 }
-
 
 // ---- the sampler's row reductions: every ISA's kernel table vs the reference ------------------
 

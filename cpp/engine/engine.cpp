@@ -1,4 +1,6 @@
 // engine: the step: schedule → run → sample → postprocess (finish and free in the same step).
+// Just over 400 lines: add / abort / step and the postprocess they share (finish reasons, stop
+// ids, n > 1 siblings) read best together.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -250,7 +252,7 @@ std::vector<StepOutput> Engine::step() {
   }
   std::vector<int32_t> greedy_tokens;
   std::vector<float> greedy_logprobs;
-  const bool sampled_on_backend = model_->backend()->is_device() && plain_greedy_step(batch) &&
+  const bool sampled_on_backend = model_->samples_greedy_on_backend() && plain_greedy_step(batch) &&
                                   runner_->run_greedy(batch, &greedy_tokens, &greedy_logprobs);
   const std::vector<float>& logits = sampled_on_backend ? empty_logits_ : runner_->run(batch);
   const double t_run = now_seconds();

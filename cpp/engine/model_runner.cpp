@@ -73,7 +73,7 @@ const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
 
 bool ModelRunner::run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* tokens,
                              std::vector<float>* logprobs) {
-  if (!model_->backend()->is_device()) return false;
+  if (!model_->samples_greedy_on_backend()) return false;
   const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
   for (const auto& [src, dst] : batch.block_copies) cache_->copy_block(src, dst, model_->backend());

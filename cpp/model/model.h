@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
+#include "model/step_staging.h"
 #include "model/weights.h"
 
 namespace fantai::model {
@@ -51,6 +52,8 @@ class Model {
   // backends): the argmax token and its logprob per logits row instead of the logits. Returns
   // false, computing nothing, when the backend cannot.
   bool forward_greedy(const ForwardBatch& batch, KVCache& cache, int32_t* tokens, float* logprobs);
+  // Whether forward_greedy would take a step (false on host backends, at no cost).
+  bool samples_greedy_on_backend() { return staging_.samples_greedy(config_.vocab_size); }
 
   // Logits for every position of one sequence, with a private KV cache of kv_dtype: [n, vocab_size].
   // For tests and scoring (e.g. the perplexity cost of a KV dtype); the engine never calls it.
@@ -64,7 +67,6 @@ class Model {
               int64_t m, int64_t n, int64_t k, bool packed = false);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
-  ForwardBatch stage_on_device(const ForwardBatch& host_batch);
 
   ModelConfig config_;
   DType dtype_;
@@ -75,9 +77,7 @@ class Model {
   // Step workspace, grown on demand, reused across steps (no allocation in the steady state).
   int32_t capacity_ = 0;
   Buffer residual_, normed_, qkv_, attn_out_, proj_out_, gate_up_, act_, last_res_, last_x_;
-  // Device backends only: per-step metadata (host staging and its device copy) and the logits.
-  std::vector<char> meta_host_;
-  Buffer meta_, logits_dev_;
+  StepStaging staging_;               // the step's metadata and logits on a device backend
   int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
   float* greedy_logprobs_ = nullptr;
 };

@@ -15,7 +15,8 @@ Model::Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> ba
     : config_(config),
       dtype_(dtype),
       backend_(std::move(backend)),
-      weights_(config_, dtype, backend_.get(), quantization) {}
+      weights_(config_, dtype, backend_.get(), quantization),
+      staging_(backend_.get()) {}
 
 std::shared_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& dtype,
                                               std::shared_ptr<Backend> backend,
@@ -116,37 +117,6 @@ void Model::mlp_block(int layer, int32_t n) {
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
 }
 
-// On a device backend the ops cannot read the host metadata: pack it into one host block, upload
-// it once per step and point a copy of the batch at the device copy (logits_indices stays on the
-// host, the row gather below reads it there).
-ForwardBatch Model::stage_on_device(const ForwardBatch& b) {
-  const AttentionParams& a = b.attn;
-  const size_t n = static_cast<size_t>(b.num_tokens), seqs = static_cast<size_t>(a.num_seqs);
-  const size_t tables = seqs * static_cast<size_t>(a.max_blocks_per_seq);
-  // int64 slot_mapping first keeps it 8-byte aligned; the int32 arrays follow.
-  const size_t bytes = n * 8 + (2 * n + (seqs + 1) + seqs + tables) * 4;
-  meta_host_.resize(bytes);
-  if (meta_.bytes() < bytes) meta_ = Buffer(backend_.get(), std::max(bytes, 2 * meta_.bytes()), false);
-  char* h = meta_host_.data();
-  char* d = meta_.as<char>();
-  size_t off = 0;
-  auto put = [&](const void* src, size_t len) -> const void* {
-    std::memcpy(h + off, src, len);
-    const void* dev = d + off;
-    off += len;
-    return dev;
-  };
-  ForwardBatch out = b;
-  out.slot_mapping = static_cast<const int64_t*>(put(b.slot_mapping, n * 8));
-  out.token_ids = static_cast<const int32_t*>(put(b.token_ids, n * 4));
-  out.positions = static_cast<const int32_t*>(put(b.positions, n * 4));
-  out.attn.cu_seqlens_q = static_cast<const int32_t*>(put(a.cu_seqlens_q, (seqs + 1) * 4));
-  out.attn.context_lens = static_cast<const int32_t*>(put(a.context_lens, seqs * 4));
-  out.attn.block_tables = static_cast<const int32_t*>(put(a.block_tables, tables * 4));
-  backend_->upload(d, h, off);
-  return out;
-}
-
 void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logits) {
   const ModelConfig& c = config_;
   const int32_t n = host_batch.num_tokens;
@@ -162,7 +132,7 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
                    "position " << host_batch.positions[i] << " exceeds max_position_embeddings "
                                << max_positions_);
   }
-  const ForwardBatch b = be->is_device() ? stage_on_device(host_batch) : host_batch;
+  const ForwardBatch b = staging_.stage(host_batch);
   // Every layer attends over the same metadata: plan it once for the step.
   struct PlanScope {
     Backend* be;
@@ -199,29 +169,15 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   }
   be->add_rms_norm(res_rows, x_rows, weights_.final_norm().as<float>(), normed, b.num_logits, H,
                    c.rms_norm_eps);
-  if (!be->is_device()) {
-    linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits, b.num_logits, c.vocab_size, H,
-           weights_.lm_head_packed());
-    return;
-  }
-  const size_t logit_bytes = static_cast<size_t>(b.num_logits) * c.vocab_size * sizeof(float);
-  if (logits_dev_.bytes() < logit_bytes) logits_dev_ = Buffer(be, logit_bytes, false);
-  linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, logits_dev_.as<float>(), b.num_logits,
-         c.vocab_size, H, weights_.lm_head_packed());
-  if (greedy_tokens_ != nullptr) {
-    FANTAI_CHECK(be->sample_greedy(logits_dev_.as<float>(), b.num_logits, c.vocab_size, greedy_tokens_,
-                                   greedy_logprobs_),
-                 "backend " << be->name() << " accepted greedy sampling, then declined it");
-    return;
-  }
-  be->download(logits, logits_dev_.data(), logit_bytes);  // waits for the step's work
+  float* out = staging_.logits_target(logits, b.num_logits, c.vocab_size);
+  linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, out, b.num_logits, c.vocab_size, H,
+         weights_.lm_head_packed());
+  staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_);
 }
 
 bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* tokens, float* logprobs) {
-  if (!backend_->is_device()) return false;  // the host sampler is as cheap as it gets there
-  // Probe first so a declining backend costs nothing: sample_greedy on zero rows says yes or no,
-  // and a backend that says yes takes the real rows too, so forward needs no logits buffer.
-  if (!backend_->sample_greedy(nullptr, 0, config_.vocab_size, tokens, logprobs)) return false;
+  // A backend that says yes takes the real rows too, so forward needs no host logits buffer.
+  if (!staging_.samples_greedy(config_.vocab_size)) return false;
   struct Reset {
     Model* m;
     ~Reset() {

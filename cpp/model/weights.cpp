@@ -89,21 +89,17 @@ void Weights::copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t c
     backend_->upload(out, src, n * dtype_size(dst_dtype));
     return;
   }
-  // Convert through f32 in chunks so a large tensor never needs a full f32 copy. On a device
-  // backend `out` is not host memory: convert into a host chunk, then upload it.
+  // Convert through f32 in chunks so a large tensor never needs a full f32 copy, each chunk into
+  // host memory and then uploaded (`out` may be device memory; on the CPU the upload is a copy of
+  // a cache-resident chunk).
   constexpr size_t kChunk = 1 << 16;
   std::vector<float> tmp(std::min(n, kChunk));
-  std::vector<char> staged(backend_->is_device() ? tmp.size() * dtype_size(dst_dtype) : 0);
+  std::vector<char> staged(tmp.size() * dtype_size(dst_dtype));
   for (size_t i = 0; i < n; i += kChunk) {
     const size_t len = std::min(kChunk, n - i);
     convert_to_f32(static_cast<const char*>(src) + i * dtype_size(src_dtype), src_dtype, tmp.data(), len);
-    char* dst = out + i * dtype_size(dst_dtype);
-    if (staged.empty()) {
-      convert_from_f32(tmp.data(), dst, dst_dtype, len);
-    } else {
-      convert_from_f32(tmp.data(), staged.data(), dst_dtype, len);
-      backend_->upload(dst, staged.data(), len * dtype_size(dst_dtype));
-    }
+    convert_from_f32(tmp.data(), staged.data(), dst_dtype, len);
+    backend_->upload(out + i * dtype_size(dst_dtype), staged.data(), len * dtype_size(dst_dtype));
   }
 }
 

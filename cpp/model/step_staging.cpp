@@ -1,0 +1,66 @@
+// model: StepStaging (see step_staging.h).
+#include "model/step_staging.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "model/model.h"
+
+namespace fantai::model {
+
+ForwardBatch StepStaging::stage(const ForwardBatch& b) {
+  if (!backend_->is_device()) return b;
+  const AttentionParams& a = b.attn;
+  const size_t n = static_cast<size_t>(b.num_tokens), seqs = static_cast<size_t>(a.num_seqs);
+  const size_t tables = seqs * static_cast<size_t>(a.max_blocks_per_seq);
+  // int64 slot_mapping first keeps it 8-byte aligned; the int32 arrays follow.
+  const size_t bytes = n * 8 + (2 * n + (seqs + 1) + seqs + tables) * 4;
+  meta_host_.resize(bytes);
+  if (meta_.bytes() < bytes) meta_ = Buffer(backend_, std::max(bytes, 2 * meta_.bytes()), false);
+  char* h = meta_host_.data();
+  char* d = meta_.as<char>();
+  size_t off = 0;
+  auto put = [&](const void* src, size_t len) -> const void* {
+    std::memcpy(h + off, src, len);
+    const void* dev = d + off;
+    off += len;
+    return dev;
+  };
+  ForwardBatch out = b;
+  out.slot_mapping = static_cast<const int64_t*>(put(b.slot_mapping, n * 8));
+  out.token_ids = static_cast<const int32_t*>(put(b.token_ids, n * 4));
+  out.positions = static_cast<const int32_t*>(put(b.positions, n * 4));
+  out.attn.cu_seqlens_q = static_cast<const int32_t*>(put(a.cu_seqlens_q, (seqs + 1) * 4));
+  out.attn.context_lens = static_cast<const int32_t*>(put(a.context_lens, seqs * 4));
+  out.attn.block_tables = static_cast<const int32_t*>(put(a.block_tables, tables * 4));
+  backend_->upload(d, h, off);
+  return out;
+}
+
+bool StepStaging::samples_greedy(int32_t vocab) {
+  // Probe with zero rows: a declining backend costs nothing. The host sampler is as cheap as it
+  // gets on a host backend.
+  return backend_->is_device() && backend_->sample_greedy(nullptr, 0, vocab, nullptr, nullptr);
+}
+
+float* StepStaging::logits_target(float* host_logits, int32_t rows, int32_t vocab) {
+  if (!backend_->is_device()) return host_logits;
+  const size_t bytes = static_cast<size_t>(rows) * vocab * sizeof(float);
+  if (logits_dev_.bytes() < bytes) logits_dev_ = Buffer(backend_, bytes, false);
+  return logits_dev_.as<float>();
+}
+
+void StepStaging::finish_logits(float* host_logits, int32_t rows, int32_t vocab, int32_t* greedy_tokens,
+                                float* greedy_logprobs) {
+  if (!backend_->is_device()) return;
+  if (greedy_tokens != nullptr) {
+    FANTAI_CHECK(
+        backend_->sample_greedy(logits_dev_.as<float>(), rows, vocab, greedy_tokens, greedy_logprobs),
+        "backend " << backend_->name() << " accepted greedy sampling, then declined it");
+    return;
+  }
+  backend_->download(host_logits, logits_dev_.data(), static_cast<size_t>(rows) * vocab * sizeof(float));
+}
+
+}  // namespace fantai::model

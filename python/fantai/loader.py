@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -93,9 +94,25 @@ def _load_gguf(path: str, dtype: str, threads: int, backend: str, quantization: 
         # kernels convert in registers, and half of f32's bandwidth.
         dtype = "bfloat16"
     core = _C.Model.create(json.dumps(gguf.config), dtype, backend, threads, quantization)
-    _send_gguf_tensors(core, gguf, dequantize, quantization != "none")
-    core.finalize()
-    tokenizer = Tokenizer.from_gguf_metadata(gguf.tokenizer_metadata, gguf.eos_token_ids)
+    # The tensors convert in C++ with the GIL released while the tokenizer is built in Python, on
+    # another thread: the two overlap instead of adding up (~85 ms of the default model's load).
+    failed: list[BaseException] = []
+
+    def send_tensors() -> None:
+        try:
+            _send_gguf_tensors(core, gguf, dequantize, quantization != "none")
+            core.finalize()
+        except BaseException as e:  # re-raised on the loading thread below
+            failed.append(e)
+
+    sender = threading.Thread(target=send_tensors, name="fantai-load-tensors")
+    sender.start()
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(gguf.tokenizer_metadata, gguf.eos_token_ids)
+    finally:
+        sender.join()
+    if failed:
+        raise failed[0]
     gguf.close()
     _return_freed_heap()
     return core, tokenizer

@@ -5,6 +5,8 @@
 // --short (CI): a few seconds, a subset of shapes, each kernel's output checked against the
 // double-precision reference (cpu::ref) within its arithmetic's error bound; exits 1 on a miss,
 // never on a time.
+// Over 400 lines: one binary with a section per op family (probe, linear, qlinear, attention,
+// step), each short, sharing the timing and roofline helpers.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -64,6 +64,8 @@ computed with (fantai: the core's weight_formats()).
 
     .venv/bin/python bench/compare_llamacpp.py --llama-cpp-python /tmp/lcpp-venv/bin/python --json out.json
     .venv/bin/python bench/compare_llamacpp.py --llama-cpp-python V/bin/python --num-prompts 8 --output-len 16
+
+Over 400 lines: one script runs and tabulates both systems, so a run is one command.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@
 // MODEL_DIR/tokenizer.json). The tokenizer here is deliberately tiny: tokenizer.json read with
 // nlohmann_json (the JSON library the engine itself builds with), decoding for byte-level BPE,
 // SentencePiece-style and word-level vocabularies, and encoding for word-level ones only.
+// Over 400 lines: a self-contained example (its own tokenizer and chat handling), on purpose one file.
 #include <sys/stat.h>
 #include <cstdint>
 #include <cstdlib>

@@ -1,4 +1,5 @@
 // bindings: the one pybind11 module (_C). It only exports; long calls release the GIL.
+// Over 400 lines by design: the design card wants one module, and it is a flat list of exports.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

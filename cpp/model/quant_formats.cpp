@@ -1,6 +1,8 @@
 // model: GGUF block decoding and RTN quantization into the canonical group-quantized form.
 // The block layouts follow ggml's reference dequantizers (ggml-quants.c); every format maps onto
 // w = scale * float(q - zero) (+ min) with the exact f32 values ggml computes.
+// Over 400 lines: one short decoder per GGUF block type (a dozen of them) beside the table that
+// names them; split, each would be a file of twenty lines.
 #include "model/quant_formats.h"
 
 #include <algorithm>

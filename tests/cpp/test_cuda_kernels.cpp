@@ -1,6 +1,7 @@
 // tests: every CUDA kernel against the CPU reference kernels (cpu/kernels_ref.cpp) on odd shapes,
 // the batch-invariance properties the CUDA kernels do keep, and the registry's errors. Every test
 // that needs a GPU skips with the reason when none is present.
+// Over 400 lines: one case per CUDA kernel, sharing the device buffers and the CPU reference.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

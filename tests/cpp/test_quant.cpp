@@ -1,6 +1,7 @@
 // tests: quantized weights — CPU packing, every ISA's linear_q / dequant_row against the slow
 // reference (cpu/qkernels_ref.cpp) on ragged shapes, bitwise agreement with the dense linear on
 // the dequantized matrix, batch invariance, GGUF block decoding of hand-built blocks, and RTN.
+// Over 400 lines: one file for the quantized room; its cases share the matrix builders.
 #include <gtest/gtest.h>
 
 #include <cmath>

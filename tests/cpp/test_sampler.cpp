@@ -1,4 +1,5 @@
 // tests/cpp: sampler semantics (filters, penalties, logprobs, seeding) and validate() messages.
+// Over 400 lines: one case per sampling rule, sharing the sampling helpers.
 #include <gtest/gtest.h>
 
 #include <algorithm>

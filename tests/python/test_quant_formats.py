@@ -1,5 +1,8 @@
 """Quantized formats: GGUF blocks, GPTQ / AWQ checkpoints, online int8 / int4, fantai quantize and
-perplexity. References are the slow NumPy ones in quant_reference.py, written from the specs."""
+perplexity. References are the slow NumPy ones in quant_reference.py, written from the specs.
+
+Over 400 lines: one file per room (quantized formats); the cases share the file builders.
+"""
 
 from __future__ import annotations
 

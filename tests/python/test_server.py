@@ -1,5 +1,8 @@
 """Server room tests: a real `fantai serve` on a scripted tiny model, driven by the openai and
-anthropic SDKs (completions, chat, tools, Anthropic events, errors, concurrency, disconnects)."""
+anthropic SDKs (completions, chat, tools, Anthropic events, errors, concurrency, disconnects).
+
+Over 400 lines: every case drives the same real server process through the SDKs.
+"""
 
 from __future__ import annotations
 

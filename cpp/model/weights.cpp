@@ -124,10 +124,15 @@ bool Weights::set(const std::string& name, const void* data, DType src_dtype,
     return true;
   }
   const DType dst_dtype = s.f32 ? DType::kF32 : dtype_;
-  if (!s.buffer->data()) {
-    *s.buffer = Buffer(backend_, static_cast<size_t>(s.total_rows * s.cols) * dtype_size(dst_dtype));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.buffer->data()) {
+      *s.buffer = Buffer(backend_, static_cast<size_t>(s.total_rows * s.cols) * dtype_size(dst_dtype));
+    }
   }
+  // Tensors of one fused buffer fill disjoint row ranges.
   copy_rows(*s.buffer, s.row_offset, s.rows, s.cols, data, src_dtype, dst_dtype);
+  std::lock_guard<std::mutex> lock(mu_);
   loaded_.push_back(name);
   formats_[name] = dst_dtype == DType::kF32 ? "f32" : dst_dtype == DType::kF16 ? "f16" : "bf16";
   return true;
@@ -143,6 +148,7 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
   part.row0 = s.row_offset;
   part.mem = Buffer(backend_, backend_->quant_packed_bytes(canonical), false);
   part.w = backend_->pack_quant(canonical, part.mem.data());
+  std::lock_guard<std::mutex> lock(mu_);
   QuantParts& parts = *s.qparts;
   parts.erase(
       std::remove_if(parts.begin(), parts.end(), [&](const QuantPart& p) { return p.row0 == part.row0; }),

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,9 @@ class Weights {
   Weights(const ModelConfig& config, DType dtype, Backend* backend, const std::string& quantization = "none");
 
   // Copies (converting) one checkpoint tensor into place. Unknown names are ignored (returns
-  // false), shape mismatches throw. data: row-major in src_dtype.
+  // false), shape mismatches throw. data: row-major in src_dtype. set, set_ggml and set_quant may
+  // be called from several threads at once for different tensors (the loader converts in
+  // parallel); everything else is single-threaded.
   bool set(const std::string& name, const void* data, DType src_dtype, const std::vector<int64_t>& shape);
   // A GGUF tensor [rows, cols] in ggml type `ggml_type` (raw bytes). Block formats stay
   // quantized; F32/F16/BF16 become the dense dtype (or are quantized online). Destination row i
@@ -99,6 +102,9 @@ class Weights {
   std::map<std::string, std::string> formats_;
   std::vector<LayerWeights> layers_;
   std::vector<std::string> loaded_;
+  // Guards the bookkeeping the setters share (parts lists, lazily made fused buffers, loaded_,
+  // formats_); conversion and packing run outside it.
+  std::mutex mu_;
 };
 
 ShardRule shard_rule(const std::string& hf_name);

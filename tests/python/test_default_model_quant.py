@@ -54,6 +54,19 @@ def test_default_model_quantized_greedy_matches_dequantized(quantized: LLM) -> N
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_default_model_loads_the_same_on_one_thread_and_on_several() -> None:
+    """The loader packs tensors on one thread per backend thread: the weights (seen through the
+    logits of a scored prompt, bit for bit) must not depend on how many there were."""
+    from fantai.loader import load_model
+
+    one, two = load_model(None, threads=1), load_model(None, threads=2)
+    assert one.model.num_threads == 1 and two.model.num_threads == 2
+    assert one.model.weight_formats() == two.model.weight_formats()
+    ids = one.tokenizer.encode("The quick brown fox jumps over the lazy dog. 12345")
+    a, b = one.model.score(ids), two.model.score(ids)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def test_default_model_load_time_and_resident_memory() -> None:
     """A fresh process: load + tokenizer, then RSS (smaps_rollup) with the KV pool still empty."""
     code = (

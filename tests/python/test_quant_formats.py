@@ -572,6 +572,9 @@ def test_eval_perplexity_cli(tmp_path: Path) -> None:
 class _RecordingModel:
     """Takes what the loaders hand the core per the binding contract; keeps it dense."""
 
+    backend = "cpu"
+    num_threads = 2  # the loader sends tensors from this many threads: the record must not care
+
     def __init__(self) -> None:
         self.dense: dict[str, np.ndarray] = {}
         self.kinds: dict[str, str] = {}

@@ -1,0 +1,368 @@
+// cpu: paged attention over one work item (online softmax, block by block), written once over VT; included by kernels_impl.h inside each ISA's
+// namespace (see there for the rules: no #include, no std:: templates, batch invariance).
+#pragma once
+
+// ---- attention ---------------------------------------------------------------------------------
+//
+// Per (query, head) row and KV block, in block order: scores s_j = (q . k_j) * scale (one W-lane
+// FMA chain over head_dim, then VT::hsum), m' = max(m, max_j s_j), p_j = exp(s_j - m'), l =
+// l*exp(m - m') + sum_j p_j (lanes summed in chunk order, then VT::hsum), o = o*exp(m - m') +
+// sum_j p_j v_j (keys in order, one FMA per key and lane).
+// How that runs: a block's scores for all rows of the item (query rows x group heads) come from
+// register tiles of rows x keys, whose chains are reduced W at a time by VT::hsum_w (bit-identical
+// to W hsums); the output update streams V through tiles of rows that see the same keys. Each
+// loaded K/V row thus serves many rows (prefill) instead of one query's heads. Tiles only decide
+// which chains run side by side, never a chain's order, so a row's result depends on nothing but
+// its own query, its position and the shapes.
+// int8 (DT 3): the raw integers are loaded as floats. A key's scale ks_j multiplies its finished
+// dot product (s_j = (q . kq_j) * (ks_j * scale)), and a value's scale vs_j folds into its weight
+// (o += (p_j * vs_j) vq_j) while l sums the plain p_j; no dequantized values are ever stored.
+
+// Scores of keys j0 .. j0+C-1 (clamped to nk - 1; columns past nk hold junk) for R rows:
+// srow[r][j] = hsum(chain of q_r . k_j) * (ks ? ks[j] * scale : scale). k_j at kc element base +
+// j * hd, loaded as dtype LDT.
+template <int R, int C, int LDT>
+FT_INLINE void qk_tile(const float* const* q, const void* kc, int64_t base, int hd, int j0, int nk,
+                       float scale, const float* ks, float* const* srow) {
+  static_assert(R * C <= W, "one hsum_w per tile");
+  const int dv = hd - hd % W, tail = hd - dv;
+  int64_t e[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) e[c] = base + static_cast<int64_t>(imin_(j0 + c, nk - 1)) * hd;
+  V acc[W];
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) acc[i] = VT::zero();
+  for (int d = 0; d < dv; d += W) {
+    V qv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) qv[r] = VT::load(q[r] + d);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const V kv = loadw<LDT>(kc, e[c] + d);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r * C + c] = VT::fma(qv[r], kv, acc[r * C + c]);
+    }
+  }
+  if (tail) {
+    V qv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) qv[r] = VT::load_n(q[r] + dv, tail);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const V kv = loadw_n<LDT>(kc, e[c] + dv, tail);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r * C + c] = VT::fma(qv[r], kv, acc[r * C + c]);
+    }
+  }
+  V s = VT::hsum_w(acc);
+  if (ks) {
+    alignas(64) float m[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) m[i] = 0.f;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) m[r * C + c] = ks[imin_(j0 + c, nk - 1)] * scale;
+    s = VT::mul(s, VT::load(m));
+  } else {
+    s = VT::mul(s, VT::set1(scale));
+  }
+  alignas(64) float t[W];
+  VT::store(t, s);
+  // All C columns (score rows have W columns of slack): constant-size copies.
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) srow[r][j0 + c] = t[r * C + c];
+}
+
+// Software prefetch of a later block's K and V rows, handed out a few lines per score tile so the
+// requests never pile up in the fill buffers (a block is one page or less and blocks are
+// scattered, so the hardware prefetchers never run ahead into the next one).
+struct Prefetch {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int bytes = 0, step = 0, at = 0;
+  FT_INLINE void next() {
+    for (int e = at + step; at < bytes && at < e; at += 64) {
+      __builtin_prefetch(k + at, 0, 3);
+      __builtin_prefetch(v + at, 0, 3);
+    }
+  }
+  FT_INLINE void rest() {
+    step = bytes;
+    next();
+  }
+};
+
+// Keys per score tile of rr rows: the largest power of two with rr * keys <= W, so tiles divide a
+// block (3 rows take 4 keys, not 5: 5-key tiles would run 20 columns for a 16-key block).
+constexpr int qk_keys(int rr) {
+  int c = 1;
+  while (2 * c * rr <= W) c *= 2;
+  return c;
+}
+
+// qk_tile over all keys [0, nk) for a run-time row count in [1, RR]; fewer rows get wider key
+// tiles so one hsum_w still reduces (nearly) W chains.
+template <int RR, int LDT>
+FT_INLINE void qk_rows(int rows, const float* const* q, const void* kc, int64_t base, int hd, int nk,
+                       float scale, const float* ks, float* const* srow, Prefetch& pf) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return qk_rows<RR - 1, LDT>(rows, q, kc, base, hd, nk, scale, ks, srow, pf);
+  }
+  constexpr int C = qk_keys(RR);
+  for (int j0 = 0; j0 < nk; j0 += C) {
+    pf.next();
+    qk_tile<RR, C, LDT>(q, kc, base, hd, j0, nk, scale, ks, srow);
+  }
+}
+
+// Online-softmax update of rows t < n, each with its own block scores srow[t][0, nk(t)) (rows have
+// room for nk rounded up to W), running max mx[t] and denominator sum[t] (contiguous). Per row:
+// m' = max(m, max_j s_j); p_j = exp(s_j - m') left in srow[t] (times vs_j for int8); l' =
+// l * corr + hsum(sum of the p chunks), corr = exp(m - m') (0 for a row's first block), written
+// to corr[t]. The rows' scalar steps run as lanes of one vector (W rows at a time), so no row waits
+// on another's reduction chain; each lane's arithmetic is the single row's (exp and fma are
+// lane-wise, hsum_w is bit-identical to hsum, max is exact in any order).
+template <class NK>
+FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, float* mx, float* sum, const float* vs,
+                            float* corr) {
+  const float ninf = -__builtin_inff();
+  for (int t0 = 0; t0 < n; t0 += W) {
+    const int rows = imin_(W, n - t0);
+    alignas(64) float m_old[W], m_new[W], c[W];
+    V ps[W];
+    for (int t = 0; t < rows; ++t) {
+      float* s = srow[t0 + t];
+      const int k = nk(t0 + t), kp = (k + W - 1) / W * W;
+      for (int j = k; j < kp; ++j) s[j] = ninf;
+      V vmax = VT::set1(ninf);
+      for (int i = 0; i < kp; i += W) vmax = VT::max(vmax, VT::load(s + i));
+      m_old[t] = mx[t0 + t];
+      m_new[t] = fmax_(m_old[t], VT::hmax(vmax));
+    }
+    for (int t = rows; t < W; ++t) m_old[t] = m_new[t] = 0.f, ps[t] = VT::zero();
+    for (int t = 0; t < rows; ++t) {
+      float* s = srow[t0 + t];
+      const int k = nk(t0 + t), kp = (k + W - 1) / W * W;
+      const V vm = VT::set1(m_new[t]);
+      V acc = VT::zero();
+      for (int i = 0; i < kp; i += W) {
+        const V p = VT::exp(VT::sub(VT::load(s + i), vm));
+        VT::store(s + i, p);
+      }
+      for (int j = k; j < kp; ++j) s[j] = 0.f;  // padding lanes carry no weight
+      for (int i = 0; i < kp; i += W) acc = VT::add(acc, VT::load(s + i));
+      ps[t] = acc;
+    }
+    VT::store(c, VT::exp(VT::sub(VT::load(m_old), VT::load(m_new))));
+    for (int t = 0; t < rows; ++t)
+      if (m_old[t] == ninf) c[t] = 0.f;
+    const V l = VT::fma(VT::load_n(sum + t0, rows), VT::load(c), VT::hsum_w(ps));
+    VT::store_n(sum + t0, l, rows);
+    VT::store_n(mx + t0, VT::load(m_new), rows);
+    VT::store_n(corr + t0, VT::load(c), rows);
+    if (vs) {
+      for (int t = 0; t < rows; ++t) {
+        float* s = srow[t0 + t];
+        for (int j = 0, k = nk(t0 + t); j < k; ++j) s[j] *= vs[j];
+      }
+    }
+  }
+}
+
+// o_r = o_r * corr_r + sum_{j < nk} p_r[j] v_j for R rows that all see keys [0, nk). v_j at vc
+// element base + j * hd, loaded as dtype LDT. KC head_dim chunks x R rows of accumulators live
+// across the key loop.
+template <int R, int LDT>
+FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr, const void* vc,
+                       int64_t base, int hd, int nk) {
+  constexpr int KC = VT::kAttnChunks;
+  const int dv = hd - hd % W;
+  int d = 0;
+  for (; d + KC * W <= dv; d += KC * W) {
+    V acc[R][KC];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const V cr = VT::set1(corr[r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < KC; ++c) acc[r][c] = VT::mul(VT::load(o[r] + d + c * W), cr);
+    }
+    for (int j = 0; j < nk; ++j) {
+      const int64_t e = base + static_cast<int64_t>(j) * hd + d;
+#pragma GCC unroll 8
+      for (int c = 0; c < KC; ++c) {
+        const V vv = loadw<LDT>(vc, e + c * W);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(VT::set1(p[r][j]), vv, acc[r][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < KC; ++c) VT::store(o[r] + d + c * W, acc[r][c]);
+  }
+  for (; d < hd; d += W) {
+    const int n = hd - d < W ? hd - d : W;
+    V acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = VT::mul(VT::load_n(o[r] + d, n), VT::set1(corr[r]));
+    for (int j = 0; j < nk; ++j) {
+      const V vv = loadw_n<LDT>(vc, base + static_cast<int64_t>(j) * hd + d, n);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = VT::fma(VT::set1(p[r][j]), vv, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) VT::store_n(o[r] + d, acc[r], n);
+  }
+}
+
+template <int RR, int LDT>
+FT_INLINE void pv_rows(int rows, float* const* o, const float* const* p, const float* corr, const void* vc,
+                       int64_t base, int hd, int nk) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return pv_rows<RR - 1, LDT>(rows, o, p, corr, vc, base, hd, nk);
+  }
+  pv_tile<RR, LDT>(o, p, corr, vc, base, hd, nk);
+}
+
+// f32 copy of a block's first n rows of one head (exact for every KV dtype; int8 stays unscaled).
+template <int DT>
+FT_INLINE void rows_to_f32(const void* c, int64_t base, int64_t n, float* dst) {
+  const int64_t nv = n - n % W;
+  for (int64_t i = 0; i < nv; i += W) VT::store(dst + i, loadw<DT>(c, base + i));
+  if (nv < n)
+    VT::store_n(dst + nv, loadw_n<DT>(c, base + nv, static_cast<int>(n - nv)), static_cast<int>(n - nv));
+}
+
+template <int DT>
+void attention_t(const AttnItem& a, float* scratch) {
+  constexpr int RQ = VT::kAttnQkRows, RP = VT::kAttnRows;
+  const int G = a.group, hd = a.head_dim, bs = a.block_size, nq = a.num_q;
+  const int nh = nq * G;
+  const int bsp = (bs + W - 1) / W * W + W;         // score row: bs rounded up to W, plus a tile's overhang
+  float* acc = scratch;                             // [nh, hd] unnormalised outputs
+  float* mx = acc + static_cast<int64_t>(nh) * hd;  // [nh] running max
+  float* sum = mx + nh;                             // [nh] running denominator
+  float* sc = sum + nh;                             // [nh, bsp] one block's scores
+  float* kf = sc + static_cast<int64_t>(nh) * bsp;  // [bs, hd] the block's K in f32
+  float* vf = kf + static_cast<int64_t>(bs) * hd;   // [bs, hd] and V
+  float* cr = vf + static_cast<int64_t>(bs) * hd;   // [nh] this block's softmax correction
+  for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) acc[i] = 0.f;
+  for (int i = 0; i < nh; ++i) {
+    mx[i] = -__builtin_inff();
+    sum[i] = 0.f;
+  }
+
+  // Row r = query i * G + head h: its q, output and score row.
+  auto q_of = [&](int r) {
+    return a.q + (r / G) * a.q_stride + static_cast<int64_t>(a.kv_head * G + r % G) * hd;
+  };
+  const int last_pos = a.first_pos + nq - 1;
+  const int nblocks = last_pos / bs + 1;
+  const int64_t head_elems = static_cast<int64_t>(bs) * hd;
+  constexpr int kEs = elem_bytes<DT>();
+  const int head_bytes = static_cast<int>(head_elems) * kEs;
+  auto block_base = [&](int b) {
+    return (static_cast<int64_t>(a.block_table[b]) * a.num_kv_heads + a.kv_head) * head_elems;
+  };
+  auto prefetch_block = [&](int b) {
+    Prefetch pf;
+    if (b < nblocks) {
+      const int64_t off = block_base(b) * kEs;
+      pf.k = static_cast<const char*>(a.k_cache) + off;
+      pf.v = static_cast<const char*>(a.v_cache) + off;
+      pf.bytes = head_bytes;
+    }
+    return pf;
+  };
+  constexpr int kAhead = VT::kAttnPrefetchBlocks;
+  for (int b = 0; b < kAhead; ++b) prefetch_block(b).rest();
+  const float* qs[RQ > RP ? RQ : RP];
+  float* srow[RQ > RP ? RQ : RP];
+  float* os[RP];
+  const float* ps[RP];
+  for (int b = 0; b < nblocks; ++b) {
+    const int64_t base = block_base(b);
+    const int start = b * bs;
+    // int8: this (block, head)'s bs scales, contiguous.
+    const float* ks = DT == 3 ? a.k_scales + base / hd : nullptr;
+    const float* vs = DT == 3 ? a.v_scales + base / hd : nullptr;
+    // Rows [r0, nh) see this block; the last row sees the most keys.
+    const int i0 = start > a.first_pos ? start - a.first_pos : 0;
+    const int r0 = i0 * G;
+    const int nkmax = imin_(bs, last_pos - start + 1);
+    // Many rows: convert the block to f32 once (exact) so the tiles reload plain floats.
+    const bool convert = DT != 0 && nh - r0 > RQ;
+    const void* kc = a.k_cache;
+    const void* vc = a.v_cache;
+    int64_t kvbase = base;
+    if (convert) {
+      rows_to_f32<DT>(a.k_cache, base, static_cast<int64_t>(nkmax) * hd, kf);
+      rows_to_f32<DT>(a.v_cache, base, static_cast<int64_t>(nkmax) * hd, vf);
+      kc = kf;
+      vc = vf;
+      kvbase = 0;
+    }
+    // Block b + kAhead, spread over this block's score tiles.
+    Prefetch pf = prefetch_block(b + kAhead);
+    {
+      const int rq = imin_(RQ, nh - r0), kc = qk_keys(rq),
+                tiles = (nh - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
+      pf.step = (head_bytes / tiles + 63) / 64 * 64;
+    }
+    // Scores. A row past its own position's keys gets extra columns it never reads.
+    for (int r = r0; r < nh; r += RQ) {
+      const int rows = imin_(RQ, nh - r);
+      for (int t = 0; t < rows; ++t) {
+        qs[t] = q_of(r + t);
+        srow[t] = sc + static_cast<int64_t>(r + t) * bsp;
+      }
+      if (DT == 0 || convert) qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+      else qk_rows<RQ, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+    }
+    pf.rest();
+    // Softmax of every row that sees this block, W rows at a time.
+    auto nk_of = [&](int r) { return imin_(bs, a.first_pos + r / G - start + 1); };
+    {
+      float* rows_s[W];
+      for (int r = r0; r < nh; r += W) {
+        const int n = imin_(W, nh - r);
+        for (int t = 0; t < n; ++t) rows_s[t] = sc + static_cast<int64_t>(r + t) * bsp;
+        softmax_rows(n, rows_s, [&](int t) { return nk_of(r + t); }, mx + r, sum + r, vs, cr + r);
+      }
+    }
+    // Output, in tiles of rows that see the same keys (consecutive rows of one query, or of
+    // several queries past the block's end).
+    for (int r = r0; r < nh;) {
+      const int nk = nk_of(r);
+      int rows = 0;
+      while (rows < RP && r + rows < nh && nk_of(r + rows) == nk) {
+        ps[rows] = sc + static_cast<int64_t>(r + rows) * bsp;
+        os[rows] = acc + static_cast<int64_t>(r + rows) * hd;
+        ++rows;
+      }
+      if (DT == 0 || convert) pv_rows<RP, 0>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
+      else pv_rows<RP, DT>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
+      r += rows;
+    }
+  }
+  for (int i = 0; i < nq; ++i)
+    for (int h = 0; h < G; ++h) {
+      const int sh = i * G + h;
+      const float inv = 1.0f / sum[sh];
+      const float* o = acc + static_cast<int64_t>(sh) * hd;
+      float* dst = a.out + i * a.out_stride + static_cast<int64_t>(a.kv_head * G + h) * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = o[d] * inv;
+    }
+}
+
+void attention(const AttnItem& a, float* scratch) {
+  switch (a.kv_dtype) {
+    case DType::kF32: attention_t<0>(a, scratch); return;
+    case DType::kF16: attention_t<1>(a, scratch); return;
+    case DType::kBF16: attention_t<2>(a, scratch); return;
+    case DType::kI8: attention_t<3>(a, scratch); return;
+  }
+}

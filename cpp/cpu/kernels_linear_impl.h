@@ -1,0 +1,111 @@
+// cpu: the dense linear kernel (register tiles of x rows x weight rows, prefetch), written once over VT; included by kernels_impl.h inside each ISA's
+// namespace (see there for the rules: no #include, no std:: templates, batch invariance).
+#pragma once
+
+// ---- linear ------------------------------------------------------------------------------------
+
+// y[r, j + c] for r < R, c < C. x: [R, k] (row stride k); w: element (j + c) * k + i; y: row
+// stride ldy.
+// pf: when not null, the next tile's weight rows (contiguous bytes); each k step prefetches as
+// many bytes of it as it consumes of this tile, so DRAM streams ahead of the FMAs (rows are only
+// k long, too short for the hardware prefetcher to ramp up on C interleaved streams).
+template <int R, int C, int DT>
+FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float* y, int64_t ldy, int64_t k,
+                        int64_t j, const char* pf = nullptr) {
+  constexpr int kEs = elem_bytes<DT>(), kPfStep = C * W * kEs;
+  V acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = VT::zero();
+  const int64_t kv = k - k % W;
+  for (int64_t i = 0; i < kv; i += W) {
+    if (pf) {
+#pragma GCC unroll 8
+      for (int b = 0; b < kPfStep; b += 64) __builtin_prefetch(pf + b, 0, 3);
+      pf += kPfStep;
+    }
+    V xv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) xv[r] = VT::load(x + r * k + i);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const V wv = loadw<DT>(w, (j + c) * k + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(xv[r], wv, acc[r][c]);
+    }
+  }
+  if (kv < k) {
+    const int t = static_cast<int>(k - kv);
+    V xv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) xv[r] = VT::load_n(x + r * k + kv, t);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const V wv = loadw_n<DT>(w, (j + c) * k + kv, t);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(xv[r], wv, acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const float s = VT::hsum(acc[r][c]);
+      y[r * ldy + j + c] = bias ? s + bias[j + c] : s;
+    }
+}
+
+// lin_tile with a run-time row count in [1, RR] (the last, partial row tile of a batch).
+template <int RR, int C, int DT>
+FT_INLINE void lin_rows(int rows, const float* x, const void* w, const float* bias, float* y, int64_t ldy,
+                        int64_t k, int64_t j, const char* pf) {
+  if constexpr (RR > 1) {
+    if (rows < RR) return lin_rows<RR - 1, C, DT>(rows, x, w, bias, y, ldy, k, j, pf);
+  }
+  lin_tile<RR, C, DT>(x, w, bias, y, ldy, k, j, pf);
+}
+
+template <int DT>
+void linear_t(const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t ldy, int64_t k,
+              int64_t j0, int64_t j1) {
+  constexpr int R = VT::kTileRows, C = VT::kTileCols, C1 = VT::kDecodeCols;
+  constexpr int kEs = elem_bytes<DT>();
+  const char* wb = static_cast<const char*>(w);
+  int64_t j = j0;
+  if (m == 1) {
+    // Decode: memory-bound; C1 weight rows stream side by side against one x row.
+    for (; j + C1 <= j1; j += C1)
+      lin_tile<1, C1, DT>(x, w, bias, y, ldy, k, j, j + 2 * C1 <= j1 ? wb + (j + C1) * k * kEs : nullptr);
+    for (; j < j1; ++j) lin_tile<1, 1, DT>(x, w, bias, y, ldy, k, j);
+    return;
+  }
+  // Prefill: a panel of P weight rows (~64: L2-resident) is swept by every R-row tile of x (L1-
+  // resident while it crosses the panel), so x and w are each read from L2 at most once per
+  // panel x row tile. The first row tile prefetches the next C weight rows from DRAM.
+  constexpr int64_t P = (64 + C - 1) / C * C;
+  for (int64_t jp = j0; jp < j1; jp += P) {
+    const int64_t jpe = jp + P < j1 ? jp + P : j1;
+    int64_t r = 0;
+    for (; r < m; r += R) {
+      const int rows = m - r < R ? static_cast<int>(m - r) : R;
+      const float* xr = x + r * k;
+      float* yr = y + r * ldy;
+      for (j = jp; j + C <= jpe; j += C) {
+        const char* pf = r == 0 && j + 2 * C <= j1 ? wb + (j + C) * k * kEs : nullptr;
+        lin_rows<R, C, DT>(rows, xr, w, bias, yr, ldy, k, j, pf);
+      }
+      for (; j < jpe; ++j) lin_rows<R, 1, DT>(rows, xr, w, bias, yr, ldy, k, j, nullptr);
+    }
+  }
+}
+
+void linear(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m, int64_t ldy,
+            int64_t k, int64_t j0, int64_t j1) {
+  switch (wt) {
+    case DType::kF32: linear_t<0>(x, w, bias, y, m, ldy, k, j0, j1); return;
+    case DType::kF16: linear_t<1>(x, w, bias, y, m, ldy, k, j0, j1); return;
+    case DType::kBF16: linear_t<2>(x, w, bias, y, m, ldy, k, j0, j1); return;
+    case DType::kI8: return;  // KV-cache-only type; the backend rejects it before this
+  }
+}

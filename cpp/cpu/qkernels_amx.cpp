@@ -247,8 +247,8 @@ FQ_INLINE void panels_rows(const QuantMatrix& w, int64_t nb, const float* bias, 
 }
 
 template <int BITS, bool HZ, bool HM, bool HS>
-void linear_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-              int64_t ldy, int64_t p0, int64_t p1) {
+void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy, int64_t p0, int64_t p1) {
   const int B = xq_block(w);
   const int64_t nb = x.nblocks, panel_bytes = nb * B * 16, mp = (m + 15) / 16 * 16;
   const size_t fbytes = static_cast<size_t>(mp * nb) * 4, abytes = static_cast<size_t>(mp * nb * B);
@@ -287,20 +287,7 @@ void linear_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, f
   _tile_release();
 }
 
-template <int BITS, bool HZ, bool HM, bool HS>
-struct PanelKernel {
-  static void run(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                  int64_t ldy, int64_t p0, int64_t p1) {
-    linear_t<BITS, HZ, HM, HS>(x, w, bias, y, m, ldy, p0, p1);
-  }
-};
-
 #include "cpu/qkernels_panel_dispatch.h"
-
-void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                  int64_t ldy, int64_t p0, int64_t p1) {
-  panel_dispatch<PanelKernel>(x, w, bias, y, m, ldy, p0, p1);
-}
 
 #undef FQ_INLINE
 

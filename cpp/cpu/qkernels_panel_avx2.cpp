@@ -200,20 +200,7 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
   }
 }
 
-template <int BITS, bool HZ, bool HM, bool HS>
-struct PanelKernel {
-  static void run(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                  int64_t ldy, int64_t p0, int64_t p1) {
-    linear_panel_t<BITS, HZ, HM, HS>(x, w, bias, y, m, ldy, p0, p1);
-  }
-};
-
 #include "cpu/qkernels_panel_dispatch.h"
-
-void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                  int64_t ldy, int64_t p0, int64_t p1) {
-  panel_dispatch<PanelKernel>(x, w, bias, y, m, ldy, p0, p1);
-}
 
 // 8 values to int8 with the block's 127 / max, rounded to nearest even (vcvtps2dq under the default
 // rounding mode, what nearbyint does) and clamped; returns the int32 values for the block's sum.

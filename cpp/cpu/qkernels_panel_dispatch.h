@@ -1,27 +1,26 @@
-// cpu: the run-time format switch every panel kernel file shares: bits (4 | 8), whether groups
-// have a zero (HZ) and a min (HM), and whether scales are f16 (HS), to the file's compile-time
-// instantiation Kernel<BITS, HZ, HM, HS>::run. No intrinsics here; include it inside the anonymous
-// namespace of the kernel file, after Kernel is declared.
+// cpu: the entry point every SIMD panel kernel file shares: linear_panel switches at run time on
+// bits (4 | 8), whether groups have a zero (HZ) and a min (HM), and whether scales are f16 (HS),
+// to the file's compile-time instantiation linear_panel_t<BITS, HZ, HM, HS>. No intrinsics here;
+// include it inside the anonymous namespace of the kernel file, after linear_panel_t.
 #pragma once
 
-template <template <int, bool, bool, bool> class Kernel, int BITS, bool HZ, bool HM>
+template <int BITS, bool HZ, bool HM>
 void panel_dispatch_hs(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                        int64_t ldy, int64_t p0, int64_t p1) {
-  if (w.layout == kCpuQuantPanelHalfLayout) Kernel<BITS, HZ, HM, true>::run(x, w, bias, y, m, ldy, p0, p1);
-  else Kernel<BITS, HZ, HM, false>::run(x, w, bias, y, m, ldy, p0, p1);
+  if (w.layout == kCpuQuantPanelHalfLayout) linear_panel_t<BITS, HZ, HM, true>(x, w, bias, y, m, ldy, p0, p1);
+  else linear_panel_t<BITS, HZ, HM, false>(x, w, bias, y, m, ldy, p0, p1);
 }
 
-template <template <int, bool, bool, bool> class Kernel>
-void panel_dispatch(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                    int64_t ldy, int64_t p0, int64_t p1) {
+void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                  int64_t ldy, int64_t p0, int64_t p1) {
   const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
   using Fn = void (*)(const QuantizedRows&, const QuantMatrix&, const float*, float*, int64_t, int64_t,
                       int64_t, int64_t);
   // [bits == 8][hz][hm]
   static constexpr Fn kFns[2][2][2] = {
-      {{panel_dispatch_hs<Kernel, 4, false, false>, panel_dispatch_hs<Kernel, 4, false, true>},
-       {panel_dispatch_hs<Kernel, 4, true, false>, panel_dispatch_hs<Kernel, 4, true, true>}},
-      {{panel_dispatch_hs<Kernel, 8, false, false>, panel_dispatch_hs<Kernel, 8, false, true>},
-       {panel_dispatch_hs<Kernel, 8, true, false>, panel_dispatch_hs<Kernel, 8, true, true>}}};
+      {{panel_dispatch_hs<4, false, false>, panel_dispatch_hs<4, false, true>},
+       {panel_dispatch_hs<4, true, false>, panel_dispatch_hs<4, true, true>}},
+      {{panel_dispatch_hs<8, false, false>, panel_dispatch_hs<8, false, true>},
+       {panel_dispatch_hs<8, true, false>, panel_dispatch_hs<8, true, true>}}};
   kFns[w.bits == 8][hz][hm](x, w, bias, y, m, ldy, p0, p1);
 }

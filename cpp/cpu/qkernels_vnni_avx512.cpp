@@ -160,20 +160,7 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
   }
 }
 
-template <int BITS, bool HZ, bool HM, bool HS>
-struct PanelKernel {
-  static void run(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                  int64_t ldy, int64_t p0, int64_t p1) {
-    linear_panel_t<BITS, HZ, HM, HS>(x, w, bias, y, m, ldy, p0, p1);
-  }
-};
-
 #include "cpu/qkernels_panel_dispatch.h"
-
-void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                  int64_t ldy, int64_t p0, int64_t p1) {
-  panel_dispatch<PanelKernel>(x, w, bias, y, m, ldy, p0, p1);
-}
 
 // Sixteen per-block vectors to one vector of their sixteen reductions, lane b for block b: a
 // tree of 128-bit and 32-bit shuffles (each level halves the vectors and the partials), then one

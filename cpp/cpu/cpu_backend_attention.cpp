@@ -136,9 +136,12 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
   const bool amx_attn = amx_ && L.dtype == DType::kBF16 && amx_attention_supported(hd, L.block_size);
   const int64_t need = amx_attn ? amx_attn_scratch_floats(hd)
                                 : attn_scratch_floats(kAttnQTile, group, hd, L.block_size);
-  // Per-thread scratch, per call (a few KiB per thread), so concurrent calls share nothing.
+  // Per-thread scratch (a few KiB per thread), grow-only: the step thread is the only caller, and
+  // a fresh vector per layer was an allocation per layer per step.
   const int64_t per = (need + 16 + 15) / 16 * 16;
-  std::vector<float> scratch(static_cast<size_t>(per * pool_.size() + 16));
+  const size_t total = static_cast<size_t>(per * pool_.size() + 16);
+  if (attn_scratch_.size() < total) attn_scratch_.resize(total);
+  float* const scratch = attn_scratch_.data();
   const auto fn = amx_attn ? (bf16_act_ ? amx_attention_bf16_act : amx_attention_bf16) : k_.attention;
   // Causal work grows with a tile's position: hand out the last tiles first (longest first), so
   // the pool does not end on one thread finishing a long tile while the others wait.
@@ -156,7 +159,7 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
     it.v_scales = v_scales;
     it.scale = scale;
     // 64-byte align each thread's scratch (vector<float> only promises 16).
-    float* base = scratch.data() + per * tid;
+    float* base = scratch + per * tid;
     const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + 63) & ~uintptr_t{63};
     fn(it, reinterpret_cast<float*>(a));
   });

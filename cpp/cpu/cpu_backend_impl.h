@@ -102,6 +102,7 @@ class CpuBackend final : public Backend {
   void build_attention_plan(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads,
                             AttnPlan* plan) const;
   AttnPlan plan_;
+  std::vector<float> attn_scratch_;  // attention()'s per-thread scratch; the step thread is the only caller
 
   // The one split of a linear over the pool (dense and quantized): rows in blocks of 64 (an x block
   // stays in L2 while weight tiles stream past it), columns in 16-aligned chunks sized for a few

@@ -185,7 +185,7 @@ def test_llm_takes_engine_args_or_keywords_alike(model_dir: Path) -> None:
 def test_generate_imports_no_web_stack(model_dir: Path) -> None:
     """`fantai generate` runs in-process here so its sys.modules can be read afterwards."""
     heavy = ["fastapi", "uvicorn", "starlette", "pydantic", "httpx", "transformers", "torch", "asyncio",
-             "fantai.server", "fantai.engine", "fantai.bench"]
+             "jinja2", "fantai.server", "fantai.engine", "fantai.bench"]
     code = (
         "import json, sys\n"
         "from fantai.cli import main\n"

@@ -11,6 +11,10 @@
 // absolute position, so cached prefix blocks and the new chunk are one range [0, pos].
 // Whether a sequence takes the decode or the prefill kernel and how its partitions fall depend only
 // on that sequence, never on the rest of the batch.
+// Sliding window W: a decode's partitions start at its window ((pos - W, pos]), a prefill tile's
+// chunks at its first row's, and each row masks the keys before its own window; blocks before
+// them are never read (their table entries may be -1). The logit soft-cap maps each scaled score
+// (cap * tanh(score / cap)) before the mask.
 #include <cfloat>
 #include <type_traits>
 
@@ -37,11 +41,21 @@ struct DecodeArgs {
   const int32_t* block_tables;
   int32_t max_blocks_per_seq;
   int32_t block_size, num_kv_heads, head_dim, num_q_heads, group, head_chunks, max_parts;
-  float scale;
+  int32_t window;  // 0: full attention
+  float scale, softcap;
   float* out;
   float* part_out;  // [num_seqs, num_q_heads, max_parts, head_dim]
   float* part_ml;   // [num_seqs, num_q_heads, max_parts, 2] (max, sum)
 };
+
+// The first key a query at `pos` sees.
+__device__ __forceinline__ int window_start(const DecodeArgs& a, int pos) {
+  return a.window > 0 ? max(0, pos - a.window + 1) : 0;
+}
+
+__device__ __forceinline__ float softcap(const DecodeArgs& a, float score) {
+  return a.softcap > 0.f ? a.softcap * tanhf(score / a.softcap) : score;
+}
 
 template <typename T, int DPL>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
@@ -50,10 +64,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int q_row = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_row != 1) return;  // prefill_kernel's sequence
   const int ctx = a.context_lens[s];
-  const int part = blockIdx.x, start = part * kAttnPartition;
+  const int lo = window_start(a, ctx - 1);
+  const int part = blockIdx.x, start = lo + part * kAttnPartition;
   if (start >= ctx) return;
   const int end = min(ctx, start + kAttnPartition);
-  const int nparts = (ctx + kAttnPartition - 1) / kAttnPartition;
+  const int nparts = (ctx - lo + kAttnPartition - 1) / kAttnPartition;
   const int kvh = blockIdx.y / a.head_chunks, chunk = blockIdx.y % a.head_chunks;
   const int h0 = kvh * a.group + chunk * kMaxGroup;
   const int nh = min(kMaxGroup, a.group - chunk * kMaxGroup);
@@ -105,7 +120,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
         float dot = 0.f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) dot = fmaf(qr[g][i], kr[u][i], dot);
-        const float score = warp_sum(dot);
+        const float score = softcap(a, warp_sum(dot));
         const float m_new = fmaxf(m[g], score);
         const float c = __expf(m[g] - m_new), p = __expf(score - m_new);
         l[g] = l[g] * c + p;
@@ -161,7 +176,8 @@ __global__ void decode_reduce_kernel(DecodeArgs a) {
   const int s = blockIdx.y, h = blockIdx.x;
   const int q_row = a.cu_seqlens_q[s];
   if (a.cu_seqlens_q[s + 1] - q_row != 1) return;
-  const int nparts = (a.context_lens[s] + kAttnPartition - 1) / kAttnPartition;
+  const int ctx = a.context_lens[s];
+  const int nparts = (ctx - window_start(a, ctx - 1) + kAttnPartition - 1) / kAttnPartition;
   if (nparts <= 1) return;
   const int64_t base = (static_cast<int64_t>(s) * a.num_q_heads + h) * a.max_parts;
   float mx = -FLT_MAX;
@@ -189,7 +205,8 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
   const int hd = a.head_dim, kvh = h / a.group, ctx = a.context_lens[s];
   const int rows = min(kPrefillRows, qlen - r0);
   const int max_pos = ctx - qlen + r0 + rows - 1;
-  float* qs = smem;                    // [kPrefillRows][hd], scaled
+  const int min_key = window_start(a, ctx - qlen + r0);  // the first row's window
+  float* qs = smem;                                      // [kPrefillRows][hd], scaled
   float* ks = qs + kPrefillRows * hd;  // [kChunk][hd + 1]: lane j reads row j, no bank clash
   float* vs = ks + kChunk * (hd + 1);  // [kChunk][hd]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -206,12 +223,12 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
     for (int i = 0; i < DPL; ++i) acc[rr][i] = 0.f;
   }
   const int32_t* table = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
-  for (int c0 = 0; c0 <= max_pos; c0 += kChunk) {
+  for (int c0 = min_key / kChunk * kChunk; c0 <= max_pos; c0 += kChunk) {
     __syncthreads();  // the previous chunk (and q on the first pass) is fully consumed / written
     for (int i = threadIdx.x; i < kChunk * hd; i += blockDim.x) {
       const int t = i / hd, d = i % hd, pos = c0 + t;
       float kv = 0.f, vv = 0.f;
-      if (pos <= max_pos) {
+      if (pos <= max_pos && pos >= min_key) {
         const int64_t row = ((static_cast<int64_t>(table[pos / a.block_size]) * a.num_kv_heads + kvh) *
                                  a.block_size +
                              pos % a.block_size) *
@@ -229,16 +246,19 @@ __global__ void __launch_bounds__(kPrefillWarps * 32)
       if (r >= rows) break;
       const int pos = ctx - qlen + r0 + r;
       if (c0 > pos) continue;  // this row is done; later rows of the warp sit further on
+      const int row_lo = window_start(a, pos);
+      if (c0 + kChunk <= row_lo) continue;  // before this row's window
       const float* qv = qs + r * hd;
       const float* kv = ks + lane * (hd + 1);
+      const bool see = c0 + lane <= pos && c0 + lane >= row_lo;
       float score = -FLT_MAX;
-      if (c0 + lane <= pos) {
+      if (see) {
         float dot = 0.f;
         for (int d = 0; d < hd; ++d) dot = fmaf(qv[d], kv[d], dot);
-        score = dot;
+        score = softcap(a, dot);
       }
       const float m_new = fmaxf(m[rr], warp_max(score));
-      const float p = c0 + lane <= pos ? __expf(score - m_new) : 0.f;
+      const float p = see ? __expf(score - m_new) : 0.f;
       const float c = __expf(m[rr] - m_new);
       l[rr] = l[rr] * c + warp_sum(p);
 #pragma unroll
@@ -329,7 +349,9 @@ void attention(const float* q, int64_t q_stride, const void* k_cache, const void
   a.group = num_q_heads / L.num_kv_heads;
   a.head_chunks = (a.group + kMaxGroup - 1) / kMaxGroup;
   a.max_parts = max_parts_for(p.max_context_len);
+  a.window = p.window;
   a.scale = scale;
+  a.softcap = p.logit_softcap;
   a.out = out;
   a.part_out = static_cast<float*>(workspace);
   a.part_ml = a.part_out + static_cast<size_t>(p.num_seqs) * num_q_heads * a.max_parts * L.head_dim;

@@ -38,7 +38,8 @@ constexpr int64_t kGemvMaxRows = 8;
 // attention.cu. Decode rows (a sequence with one query token) take the paged decode kernel,
 // split into kAttnPartition-token partitions plus a reduction when the context is longer than one
 // partition; longer query runs take the prefill kernel. Both are launched over the whole batch and
-// each skips the sequences that are not its own. workspace: attention_workspace_bytes(...) bytes.
+// each skips the sequences that are not its own. p.window and p.logit_softcap as on the CPU (a
+// window's partitions start at it). workspace: attention_workspace_bytes(...) bytes.
 constexpr int32_t kAttnPartition = 512;
 size_t attention_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t max_context_len,
                                  int32_t head_dim);

@@ -91,14 +91,18 @@ class Backend {
   // calls plan_attention with the step's layout, metadata and head count before its first layer
   // and end_attention_plan after its last (or when it throws). An attention() call with that same
   // layout, metadata and head count reuses the plan (work items built, block ids checked once);
-  // any other call plans for itself. The default has nothing to plan.
+  // any other call plans for itself. A model whose layers differ in window (so in KV pool and
+  // block tables) plans once per kind; every plan stays until end_attention_plan. The default has
+  // nothing to plan.
   virtual void plan_attention(const KVLayout& /*layout*/, const AttentionParams& /*p*/,
                               int32_t /*num_q_heads*/) {}
   virtual void end_attention_plan() {}
 
   // Paged causal attention (prefill chunks and decodes mixed) with grouped-query heads.
   // q: [num_tokens, q_stride] with num_q_heads * head_dim used; out: [num_tokens, num_q_heads *
-  // head_dim]. Query head h reads KV head h / (num_q_heads / num_kv_heads). scale multiplies q.k.
+  // head_dim]. Query head h reads KV head h / (num_q_heads / num_kv_heads). scale multiplies q.k;
+  // p.logit_softcap, when set, then caps the score; p.window, when set, limits each query to the
+  // last window keys, and the blocks before a sequence's first query's window are never read.
   virtual void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                          const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
                          float* out) = 0;

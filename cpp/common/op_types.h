@@ -51,6 +51,10 @@ struct KVLayout {
 // The batch is flattened: sequence s owns query rows [cu_seqlens_q[s], cu_seqlens_q[s+1]).
 // Its KV after this step's store holds context_lens[s] tokens; query row j of sequence s sits at
 // position context_lens[s] - q_len_s + j and attends causally to KV positions <= its own.
+// With window W > 0 the query at position p sees only keys j with p - W < j <= p, and the
+// blocks wholly before the window of a sequence's first query are never read: their entries in
+// block_tables may be -1 (the block manager gave them back). A model whose layers differ in
+// window has one AttentionParams per window (its own block tables) for the same queries.
 struct AttentionParams {
   int32_t num_seqs = 0;
   int32_t num_tokens = 0;                 // cu_seqlens_q[num_seqs]
@@ -60,7 +64,14 @@ struct AttentionParams {
   const int32_t* context_lens = nullptr;  // [num_seqs], tokens, >= q_len_s
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] physical block ids
   int32_t max_blocks_per_seq = 0;
+  int32_t window = 0;          // 0: full causal attention
+  float logit_softcap = 0.0f;  // > 0: score = cap * tanh(score / cap) after the scale, before the mask
 };
+
+// Index of the first block a query at position `pos` reads (0 without a window).
+inline int32_t first_visible_block(int32_t pos, int32_t window, int32_t block_size) {
+  return window > 0 && pos - window + 1 > 0 ? (pos - window + 1) / block_size : 0;
+}
 
 // A group-quantized matrix of `rows` (outputs) x `cols` (inputs), as plain pointers. Element
 //   w[r, c] = scale[r, g] * float(q[r, c] - zero[r, g]) (+ min[r, g] when min != nullptr),

@@ -1,5 +1,6 @@
 // cpu: paged attention over a bf16 KV cache on AMX tiles (see kernels_amx.h). Per-file flags add
 // -mamx-*; nothing here runs unless amx_usable() said so.
+// Over 400 lines: one tile kernel, its packing helpers and its window / soft-cap masking together.
 //
 // Layout, per tile of 16 query rows (rows = query x head of the item's group) and chunk of 16
 // keys, so that every softmax step is lane-wise with the lanes = the 16 rows:
@@ -14,6 +15,10 @@
 // exact bf16 x bf16 products in f32. Only the order of the f32 sums differs from the vector
 // kernel. A row's result depends on its own query, its position and the keys: rows are lanes or
 // tile rows, never mixed, so prefill rows equal the same rows decoded alone (batch invariance).
+// Sliding window W: chunks start at the first row's window, and a lane masks the keys before its
+// own as it masks those past its position; a lane that has seen no key yet keeps exactly zero
+// state through a chunk it does not see (its max stands in as 0 in the exps), so it enters its
+// first visible chunk as it would alone. The soft-cap maps each scaled score before the mask.
 #include "cpu/kernels_amx.h"
 
 #if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -27,6 +32,8 @@ namespace {
 
 using VT = vt_avx512::VT;
 #define FA_INLINE inline __attribute__((always_inline))
+
+#include "cpu/vt_softcap_impl.h"
 
 constexpr int kSplits = 3;   // bf16 parts of Q (all 24 bits: scores can be large)
 constexpr int kPSplits = 3;  // and of the softmax weights (two leave ~3e-5 relative error)
@@ -248,6 +255,8 @@ void attention_tiles(const AttnItem& a, float* scratch) {
   };
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
   const __m512 scale = _mm512_set1_ps(a.scale);
+  const int win = a.window;
+  const float cap = a.softcap;
   int configured = 0;
   for (int r0 = 0; r0 < nh; r0 += kRows) {
     const int rows = nh - r0 < kRows ? nh - r0 : kRows;
@@ -264,6 +273,9 @@ void attention_tiles(const AttnItem& a, float* scratch) {
     const int last = pos[rows - 1];                 // the tile's last position
     for (int n = rows; n < 16; ++n) pos[n] = last;  // padding lanes (zero queries) see what it sees
     const __m512i posv = _mm512_load_si512(pos);
+    // Lane n sees keys [pos[n] - win + 1, pos[n]]; chunks from the one holding row 0's first.
+    const __m512i lov = _mm512_sub_epi32(posv, _mm512_set1_epi32(win > 0 ? win - 1 : 1 << 30));
+    const int first = win > 0 && pos[0] - win + 1 > 0 ? (pos[0] - win + 1) / kKeys * kKeys : 0;
     const bool rows_path = rows <= kRowsPathMax;
     const int tile_rows = rows_path ? (rows + 1) / 2 * 2 : 16;  // P rows are written in pairs
     if (tile_rows != configured) configure(configured = tile_rows);
@@ -294,10 +306,10 @@ void attention_tiles(const AttnItem& a, float* scratch) {
       return pf;
     };
     const int lines = (kKeys * hd * 2 / 64 + 3) / 4;  // per call of next(): a chunk in four
-    for (int c = 1; c <= kAhead; ++c) prefetch(c * kKeys).next(1 << 20);
-    scores(0);
+    for (int c = 1; c <= kAhead; ++c) prefetch(first + c * kKeys).next(1 << 20);
+    scores(first);
     _tile_stored(0, S.st, 64);
-    for (int start = 0, c = 0; start <= last; start += kKeys, c ^= 1) {
+    for (int start = first, c = 0; start <= last; start += kKeys, c ^= 1) {
       const int64_t off = chunk_offset(start);
       const int nk = last - start + 1 < kKeys ? last - start + 1 : kKeys;
       const bool next = start + kKeys <= last;
@@ -314,25 +326,34 @@ void attention_tiles(const AttnItem& a, float* scratch) {
       const float* st = S.st + c * 256;
       __m512 p[16];
       __m512 m = mx;
-      if (start + kKeys - 1 <= pos[0]) {  // every lane sees every key: the same values, unmasked
+      // Every lane sees every key: the same values, unmasked.
+      if (start + kKeys - 1 <= pos[0] && (win == 0 || start >= last - win + 1)) {
         for (int j = 0; j < kKeys; ++j) {
           p[j] = _mm512_mul_ps(_mm512_load_ps(st + 16 * j), scale);
+          if (cap > 0.f) p[j] = softcap_v(p[j], cap);
           m = _mm512_max_ps(m, p[j]);
         }
       } else {
         for (int j = 0; j < kKeys; ++j) {
-          const __mmask16 see = _mm512_cmp_epi32_mask(_mm512_set1_epi32(start + j), posv, _MM_CMPINT_LE);
-          p[j] = _mm512_mask_mul_ps(ninf, see, _mm512_load_ps(st + 16 * j), scale);
+          const __m512i key = _mm512_set1_epi32(start + j);
+          const __mmask16 see = _mm512_cmp_epi32_mask(key, posv, _MM_CMPINT_LE) &
+                                _mm512_cmp_epi32_mask(key, lov, _MM_CMPINT_NLT);
+          __m512 x = _mm512_mul_ps(_mm512_load_ps(st + 16 * j), scale);
+          if (cap > 0.f) x = softcap_v(x, cap);
+          p[j] = _mm512_mask_mov_ps(ninf, see, x);
           m = _mm512_max_ps(m, p[j]);
         }
       }
       pf.next(lines);
-      const __m512 corr = exp_p(_mm512_sub_ps(mx, m));
+      // A lane that has seen no key yet (window): its exps run against 0, giving zero weights and
+      // a zero correction, so its state stays exactly empty (and its running max -inf).
+      const __m512 msub = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, ninf, _CMP_EQ_OQ), _mm512_setzero_ps());
+      const __m512 corr = exp_p(_mm512_sub_ps(mx, msub));
       if (rows_path) {
         // Few rows: transpose first, then one exp and one sum per row (lanes = keys).
         transpose16(p);
         alignas(64) float mrow[16], srow[16] = {};
-        _mm512_store_ps(mrow, m);
+        _mm512_store_ps(mrow, msub);
         for (int n = 0; n < rows; ++n) {
           p[n] = exp_p(_mm512_sub_ps(p[n], _mm512_set1_ps(mrow[n])));
           srow[n] = key_sum(p[n]);
@@ -340,7 +361,7 @@ void attention_tiles(const AttnItem& a, float* scratch) {
         if (rows & 1) p[rows] = _mm512_setzero_ps();
         l = _mm512_fmadd_ps(l, corr, _mm512_load_ps(srow));
       } else {
-        for (int j = 0; j < kKeys; ++j) p[j] = exp_p(_mm512_sub_ps(p[j], m));
+        for (int j = 0; j < kKeys; ++j) p[j] = exp_p(_mm512_sub_ps(p[j], msub));
         l = _mm512_fmadd_ps(l, corr, lane_sum(p));
         transpose16(p);
       }

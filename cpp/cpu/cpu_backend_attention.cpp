@@ -1,5 +1,6 @@
 // cpu: the CPU backend's KV store (f32 / f16 / bf16 / int8 with per-slot scales) and paged
-// attention (work items of 16 query rows x one KV head, the AMX tile kernel for bf16 KV).
+// attention (work items of 16 query rows x one KV head, the AMX tile kernel for bf16 KV; sliding
+// windows skip the blocks before them).
 #include "cpu/cpu_backend_impl.h"
 
 #include <cstdint>
@@ -52,20 +53,24 @@ bool same_params(const AttentionParams& a, const AttentionParams& b) {
   return a.num_seqs == b.num_seqs && a.num_tokens == b.num_tokens && a.max_query_len == b.max_query_len &&
          a.max_context_len == b.max_context_len && a.cu_seqlens_q == b.cu_seqlens_q &&
          a.context_lens == b.context_lens && a.block_tables == b.block_tables &&
-         a.max_blocks_per_seq == b.max_blocks_per_seq;
+         a.max_blocks_per_seq == b.max_blocks_per_seq && a.window == b.window &&
+         a.logit_softcap == b.logit_softcap;
 }
 
 }  // namespace
 
 // Work items of the step, checked once: a tile of up to kQTile query rows of one sequence against
 // one KV head (query tiles share each K/V block while it is hot in L1). The per-layer pointers
-// (q, out, the layer's K/V buffers) are filled in by attention().
+// (q, out, the layer's K/V buffers) are filled in by attention(). With a window, only the blocks
+// from the sequence's first query's window on are read, so only those must be valid ids.
 void CpuBackend::build_attention_plan(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads,
                                       AttnPlan* plan) const {
   FANTAI_REQUIRE(L.num_kv_heads > 0 && L.head_dim > 0 && L.block_size > 0, "attention: bad KV layout");
   FANTAI_REQUIRE(num_q_heads > 0 && num_q_heads % L.num_kv_heads == 0,
                  "attention: num_q_heads " << num_q_heads << " not a multiple of num_kv_heads "
                                            << L.num_kv_heads);
+  FANTAI_REQUIRE(p.window >= 0 && p.logit_softcap >= 0.f,
+                 "attention: bad window " << p.window << " or soft-cap " << p.logit_softcap);
   plan->layout = L;
   plan->params = p;
   plan->num_q_heads = num_q_heads;
@@ -82,7 +87,7 @@ void CpuBackend::build_attention_plan(const KVLayout& L, const AttentionParams& 
     FANTAI_REQUIRE(nblocks <= p.max_blocks_per_seq, "attention: sequence " << s << " needs " << nblocks
                                                                            << " blocks > max_blocks_per_seq "
                                                                            << p.max_blocks_per_seq);
-    for (int b = 0; b < nblocks; ++b)
+    for (int b = first_visible_block(ctx - qlen, p.window, L.block_size); b < nblocks; ++b)
       FANTAI_REQUIRE(bt[b] >= 0 && bt[b] < L.num_blocks,
                      "attention: sequence " << s << " block " << b << " -> physical " << bt[b]
                                             << " out of range [0, " << L.num_blocks << ")");
@@ -99,6 +104,8 @@ void CpuBackend::build_attention_plan(const KVLayout& L, const AttentionParams& 
         it.group = group;
         it.num_q = std::min(kAttnQTile, qlen - t0);
         it.first_pos = ctx - qlen + t0;
+        it.window = p.window;
+        it.softcap = p.logit_softcap;
         plan->items.push_back(it);
         plan->first_row.push_back(q0 + t0);
       }
@@ -106,22 +113,35 @@ void CpuBackend::build_attention_plan(const KVLayout& L, const AttentionParams& 
 }
 
 void CpuBackend::plan_attention(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads) {
-  plan_.active = false;
-  build_attention_plan(L, p, num_q_heads, &plan_);
-  plan_.active = true;
+  for (size_t i = 0; i < num_plans_; ++i)
+    if (same_layout(plans_[i].layout, L) && same_params(plans_[i].params, p) &&
+        plans_[i].num_q_heads == num_q_heads)
+      return;
+  if (plans_.size() == num_plans_) plans_.emplace_back();
+  AttnPlan& plan = plans_[num_plans_];
+  plan.active = false;
+  build_attention_plan(L, p, num_q_heads, &plan);
+  plan.active = true;
+  ++num_plans_;
 }
 
-void CpuBackend::end_attention_plan() { plan_.active = false; }
+void CpuBackend::end_attention_plan() {
+  for (size_t i = 0; i < num_plans_; ++i) plans_[i].active = false;
+  num_plans_ = 0;
+}
 
 void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                            const KVLayout& L, const AttentionParams& p, int32_t num_q_heads, float scale,
                            float* out) {
   // The step's plan when this call is one of its layers; otherwise (a direct call) a plan of its own.
+  const AttnPlan* planned = nullptr;
+  for (size_t i = 0; i < num_plans_ && !planned; ++i)
+    if (same_layout(plans_[i].layout, L) && same_params(plans_[i].params, p) &&
+        plans_[i].num_q_heads == num_q_heads)
+      planned = &plans_[i];
   AttnPlan local;
-  const bool planned = plan_.active && same_layout(plan_.layout, L) && same_params(plan_.params, p) &&
-                       plan_.num_q_heads == num_q_heads;
   if (!planned) build_attention_plan(L, p, num_q_heads, &local);
-  const AttnPlan& plan = planned ? plan_ : local;
+  const AttnPlan& plan = planned ? *planned : local;
   if (plan.items.empty()) return;
   const int group = num_q_heads / L.num_kv_heads;
   const int hd = L.head_dim;

@@ -101,7 +101,10 @@ class CpuBackend final : public Backend {
   };
   void build_attention_plan(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads,
                             AttnPlan* plan) const;
-  AttnPlan plan_;
+  // One plan per attention kind of the step (full, each window: their block tables differ);
+  // grow-only, the first num_plans_ active.
+  std::vector<AttnPlan> plans_;
+  size_t num_plans_ = 0;
   std::vector<float> attn_scratch_;  // attention()'s per-thread scratch; the step thread is the only caller
 
   // The one split of a linear over the pool (dense and quantized): rows in blocks of 64 (an x block

@@ -33,6 +33,10 @@ struct AttnItem {
   int32_t num_q = 0;      // rows in the tile
   int32_t first_pos = 0;  // position of row 0; row i sits at first_pos + i
   float scale = 1.f;
+  // Row i sees keys (first_pos + i - window, first_pos + i] (window 0: all up to its position);
+  // blocks before the first row's window are never read (their table entries may be -1).
+  int32_t window = 0;
+  float softcap = 0.f;  // > 0: score = softcap * tanh(score / softcap), after the scale
 };
 
 // Floats of scratch attention() needs for one item.

@@ -17,6 +17,11 @@
 // int8 (DT 3): the raw integers are loaded as floats. A key's scale ks_j multiplies its finished
 // dot product (s_j = (q . kq_j) * (ks_j * scale)), and a value's scale vs_j folds into its weight
 // (o += (p_j * vs_j) vq_j) while l sums the plain p_j; no dequantized values are ever stored.
+// Sliding window W: a row at position p sees keys (p - W, p]. The blocks a row does not see are
+// skipped for it (and, before the first row's window, by the whole item: never read); in a block
+// it partly sees, the keys before its window are -inf before the max and exactly 0 after the exp,
+// as the padding past its position is, so a row's arithmetic is still its own alone. The logit
+// soft-cap (vt_softcap_impl.h) maps each scaled score before the mask.
 
 // Scores of keys j0 .. j0+C-1 (clamped to nk - 1; columns past nk hold junk) for R rows:
 // srow[r][j] = hsum(chain of q_r . k_j) * (ks ? ks[j] * scale : scale). k_j at kc element base +
@@ -118,16 +123,17 @@ FT_INLINE void qk_rows(int rows, const float* const* q, const void* kc, int64_t 
   }
 }
 
-// Online-softmax update of rows t < n, each with its own block scores srow[t][0, nk(t)) (rows have
-// room for nk rounded up to W), running max mx[t] and denominator sum[t] (contiguous). Per row:
+// Online-softmax update of rows t < n, each with its own block scores srow[t][lo(t), nk(t)) (rows
+// have room for nk rounded up to W; keys before lo(t) are outside the row's window), soft-capped
+// first when cap > 0, running max mx[t] and denominator sum[t] (contiguous). Per row:
 // m' = max(m, max_j s_j); p_j = exp(s_j - m') left in srow[t] (times vs_j for int8); l' =
 // l * corr + hsum(sum of the p chunks), corr = exp(m - m') (0 for a row's first block), written
 // to corr[t]. The rows' scalar steps run as lanes of one vector (W rows at a time), so no row waits
 // on another's reduction chain; each lane's arithmetic is the single row's (exp and fma are
 // lane-wise, hsum_w is bit-identical to hsum, max is exact in any order).
-template <class NK>
-FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, float* mx, float* sum, const float* vs,
-                            float* corr) {
+template <class NK, class LO>
+FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, LO lo, float cap, float* mx, float* sum,
+                            const float* vs, float* corr) {
   const float ninf = -__builtin_inff();
   for (int t0 = 0; t0 < n; t0 += W) {
     const int rows = imin_(W, n - t0);
@@ -136,7 +142,10 @@ FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, float* mx, float* 
     for (int t = 0; t < rows; ++t) {
       float* s = srow[t0 + t];
       const int k = nk(t0 + t), kp = (k + W - 1) / W * W;
+      if (cap > 0.f)
+        for (int i = 0; i < kp; i += W) VT::store(s + i, softcap_v(VT::load(s + i), cap));
       for (int j = k; j < kp; ++j) s[j] = ninf;
+      for (int j = 0, e = lo(t0 + t); j < e; ++j) s[j] = ninf;
       V vmax = VT::set1(ninf);
       for (int i = 0; i < kp; i += W) vmax = VT::max(vmax, VT::load(s + i));
       m_old[t] = mx[t0 + t];
@@ -152,7 +161,8 @@ FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, float* mx, float* 
         const V p = VT::exp(VT::sub(VT::load(s + i), vm));
         VT::store(s + i, p);
       }
-      for (int j = k; j < kp; ++j) s[j] = 0.f;  // padding lanes carry no weight
+      for (int j = k; j < kp; ++j) s[j] = 0.f;                 // padding lanes carry no weight
+      for (int j = 0, e = lo(t0 + t); j < e; ++j) s[j] = 0.f;  // nor keys before the window
       for (int i = 0; i < kp; i += W) acc = VT::add(acc, VT::load(s + i));
       ps[t] = acc;
     }
@@ -261,6 +271,9 @@ void attention_t(const AttnItem& a, float* scratch) {
   };
   const int last_pos = a.first_pos + nq - 1;
   const int nblocks = last_pos / bs + 1;
+  const int win = a.window;
+  // The first block row 0's window reaches; no row of the item reads an earlier one.
+  const int b_first = win > 0 && a.first_pos - win + 1 > 0 ? (a.first_pos - win + 1) / bs : 0;
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
   constexpr int kEs = elem_bytes<DT>();
   const int head_bytes = static_cast<int>(head_elems) * kEs;
@@ -278,23 +291,25 @@ void attention_t(const AttnItem& a, float* scratch) {
     return pf;
   };
   constexpr int kAhead = VT::kAttnPrefetchBlocks;
-  for (int b = 0; b < kAhead; ++b) prefetch_block(b).rest();
+  for (int b = b_first; b < b_first + kAhead; ++b) prefetch_block(b).rest();
   const float* qs[RQ > RP ? RQ : RP];
   float* srow[RQ > RP ? RQ : RP];
   float* os[RP];
   const float* ps[RP];
-  for (int b = 0; b < nblocks; ++b) {
+  for (int b = b_first; b < nblocks; ++b) {
     const int64_t base = block_base(b);
     const int start = b * bs;
     // int8: this (block, head)'s bs scales, contiguous.
     const float* ks = DT == 3 ? a.k_scales + base / hd : nullptr;
     const float* vs = DT == 3 ? a.v_scales + base / hd : nullptr;
-    // Rows [r0, nh) see this block; the last row sees the most keys.
+    // Rows [r0, r1) see this block: from the first at or past its start to the last whose window
+    // reaches its end. Their last sees the most keys.
     const int i0 = start > a.first_pos ? start - a.first_pos : 0;
-    const int r0 = i0 * G;
-    const int nkmax = imin_(bs, last_pos - start + 1);
+    const int i1 = win > 0 ? imin_(nq, start + bs + win - 1 - a.first_pos) : nq;
+    const int r0 = i0 * G, r1 = i1 * G;
+    const int nkmax = imin_(bs, a.first_pos + i1 - 1 - start + 1);
     // Many rows: convert the block to f32 once (exact) so the tiles reload plain floats.
-    const bool convert = DT != 0 && nh - r0 > RQ;
+    const bool convert = DT != 0 && r1 - r0 > RQ;
     const void* kc = a.k_cache;
     const void* vc = a.v_cache;
     int64_t kvbase = base;
@@ -308,13 +323,13 @@ void attention_t(const AttnItem& a, float* scratch) {
     // Block b + kAhead, spread over this block's score tiles.
     Prefetch pf = prefetch_block(b + kAhead);
     {
-      const int rq = imin_(RQ, nh - r0), kc = qk_keys(rq),
-                tiles = (nh - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
+      const int rq = imin_(RQ, r1 - r0), kc = qk_keys(rq),
+                tiles = (r1 - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
       pf.step = (head_bytes / tiles + 63) / 64 * 64;
     }
     // Scores. A row past its own position's keys gets extra columns it never reads.
-    for (int r = r0; r < nh; r += RQ) {
-      const int rows = imin_(RQ, nh - r);
+    for (int r = r0; r < r1; r += RQ) {
+      const int rows = imin_(RQ, r1 - r);
       for (int t = 0; t < rows; ++t) {
         qs[t] = q_of(r + t);
         srow[t] = sc + static_cast<int64_t>(r + t) * bsp;
@@ -325,20 +340,26 @@ void attention_t(const AttnItem& a, float* scratch) {
     pf.rest();
     // Softmax of every row that sees this block, W rows at a time.
     auto nk_of = [&](int r) { return imin_(bs, a.first_pos + r / G - start + 1); };
+    auto lo_of = [&](int r) {
+      const int l = a.first_pos + r / G - win + 1 - start;
+      return win > 0 && l > 0 ? l : 0;
+    };
     {
       float* rows_s[W];
-      for (int r = r0; r < nh; r += W) {
-        const int n = imin_(W, nh - r);
+      for (int r = r0; r < r1; r += W) {
+        const int n = imin_(W, r1 - r);
         for (int t = 0; t < n; ++t) rows_s[t] = sc + static_cast<int64_t>(r + t) * bsp;
-        softmax_rows(n, rows_s, [&](int t) { return nk_of(r + t); }, mx + r, sum + r, vs, cr + r);
+        softmax_rows(
+            n, rows_s, [&](int t) { return nk_of(r + t); }, [&](int t) { return lo_of(r + t); }, a.softcap,
+            mx + r, sum + r, vs, cr + r);
       }
     }
     // Output, in tiles of rows that see the same keys (consecutive rows of one query, or of
     // several queries past the block's end).
-    for (int r = r0; r < nh;) {
+    for (int r = r0; r < r1;) {
       const int nk = nk_of(r);
       int rows = 0;
-      while (rows < RP && r + rows < nh && nk_of(r + rows) == nk) {
+      while (rows < RP && r + rows < r1 && nk_of(r + rows) == nk) {
         ps[rows] = sc + static_cast<int64_t>(r + rows) * bsp;
         os[rows] = acc + static_cast<int64_t>(r + rows) * hd;
         ++rows;

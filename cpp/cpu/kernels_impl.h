@@ -51,6 +51,7 @@ FT_INLINE int imin_(int a, int b) { return a < b ? a : b; }
 // clang-format off: the op bodies need the shared pieces above, in this order
 #include "cpu/kernels_linear_impl.h"
 #include "cpu/kernels_rows_impl.h"
+#include "cpu/vt_softcap_impl.h"
 #include "cpu/kernels_attention_impl.h"
 #include "cpu/kernels_reduce_impl.h"
 // clang-format on

@@ -1,4 +1,5 @@
 // cpu: reference kernels — plain loops in double, no SIMD, no threads; the oracle the tests trust.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -126,20 +127,23 @@ void attention(const float* q, int64_t q_stride, const void* k_cache, const void
                      hd +
                  d;
         };
+        // Keys [lo, pos]: the window's (p - W, p], or all of them.
+        const int lo = p.window > 0 ? std::max(0, pos - p.window + 1) : 0;
         std::vector<double> sc(pos + 1);
         double mx = -std::numeric_limits<double>::infinity();
-        for (int t = 0; t <= pos; ++t) {
+        for (int t = lo; t <= pos; ++t) {
           double d0 = 0;
           for (int d = 0; d < hd; ++d) d0 += static_cast<double>(qv[d]) * kv_elem(k_cache, L, at(t, d));
           sc[t] = d0 * scale;
+          if (p.logit_softcap > 0) sc[t] = p.logit_softcap * std::tanh(sc[t] / p.logit_softcap);
           mx = std::max(mx, sc[t]);
         }
         double sum = 0;
-        for (int t = 0; t <= pos; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
+        for (int t = lo; t <= pos; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
         float* o = out + static_cast<int64_t>(q0 + j) * num_q_heads * hd + h * hd;
         for (int d = 0; d < hd; ++d) {
           double a = 0;
-          for (int t = 0; t <= pos; ++t) a += sc[t] * kv_elem(v_cache, L, at(t, d));
+          for (int t = lo; t <= pos; ++t) a += sc[t] * kv_elem(v_cache, L, at(t, d));
           o[d] = static_cast<float>(a / sum);
         }
       }

@@ -97,6 +97,8 @@ struct VT {
   }
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  // Lane-wise a < b ? x : y.
+  static V select_lt(V a, V b, V x, V y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
   static float hmax(V a) {  // max is exact: any order
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));

@@ -89,6 +89,10 @@ struct VT {
   }
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  // Lane-wise a < b ? x : y.
+  static V select_lt(V a, V b, V x, V y) {
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), x);
+  }
   static float hmax(V a) { return _mm512_reduce_max_ps(a); }  // max is exact: any order
   // Halves folded 512->256->128, then the AVX2 tree (vt_avx2.h): one fixed order.
   static float hsum(V a) {

@@ -118,6 +118,12 @@ struct VT {
     for (int i = 0; i < W; ++i) r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
     return r;
   }
+  // Lane-wise a < b ? x : y.
+  static V select_lt(V a, V b, V x, V y) {
+    V r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[i] < b.v[i] ? x.v[i] : y.v[i];
+    return r;
+  }
   static float hmax(V a) {
     float m = a.v[0];
     for (int i = 1; i < W; ++i) m = a.v[i] > m ? a.v[i] : m;

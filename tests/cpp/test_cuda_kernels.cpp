@@ -259,6 +259,8 @@ struct AttnCase {
   std::vector<int32_t> q_lens, ctx_lens;
   int32_t hq, hkv, hd, block_size;
   DType t;
+  int32_t window = 0;  // > 0: the blocks before each sequence's first window are dropped (-1)
+  float softcap = 0.f;
 };
 
 // Runs one batch on the GPU and the CPU reference; returns {gpu, ref} outputs.
@@ -292,6 +294,11 @@ std::pair<std::vector<float>, std::vector<float>> run_attention(const AttnCase& 
   const auto q = randn(static_cast<size_t>(cu.back()) * q_stride, seed + 3);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.hd));
   AttentionParams p{seqs, cu.back(), max_q, max_ctx, cu.data(), c.ctx_lens.data(), tables.data(), max_blocks};
+  p.window = c.window;
+  p.logit_softcap = c.softcap;
+  for (int s = 0; s < seqs; ++s)
+    for (int b = 0; b < first_visible_block(c.ctx_lens[s] - c.q_lens[s], c.window, c.block_size); ++b)
+      tables[s * max_blocks + b] = -1;
   std::vector<float> want(static_cast<size_t>(cu.back()) * c.hq * c.hd);
   ref::attention(q.data(), q_stride, kraw.data(), vraw.data(), L, p, c.hq, scale, want.data());
 
@@ -337,6 +344,24 @@ TEST(CudaKernels, AttentionPrefillWithCachedPrefixAndMixedBatch) {
                  << "hq=" << c.hq << " hkv=" << c.hkv << " hd=" << c.hd << " " << dtype_name(c.t));
     auto [got, want] = run_attention(c, seed += 7);
     expect_close(got, want, 1e-4f, 1e-5f, nullptr, "prefill attention");
+  }
+}
+
+TEST(CudaKernels, AttentionSlidingWindowAndSoftcap) {
+  SKIP_WITHOUT_GPU();
+  const AttnCase cases[] = {
+      {{1, 1, 1}, {1, 40, 1500}, 8, 2, 64, 16, DType::kF32, 24},             // decode: window, split
+      {{1, 1}, {700, 9}, 8, 2, 128, 16, DType::kBF16, 600, 50.f},            // two partitions + cap
+      {{5, 1, 37}, {5, 40, 100}, 8, 2, 64, 16, DType::kF32, 24},             // prefill, decode, chunk
+      {{33, 17, 1}, {33, 300, 700}, 6, 2, 128, 16, DType::kBF16, 40, 30.f},  // tiles past the window
+      {{70}, {1100}, 4, 1, 80, 32, DType::kF16, 0, 20.f},                    // cap alone
+  };
+  uint32_t seed = 300;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "hq=" << c.hq << " hd=" << c.hd << " " << dtype_name(c.t)
+                                      << " window=" << c.window << " cap=" << c.softcap);
+    auto [got, want] = run_attention(c, seed += 7);
+    expect_close(got, want, 1e-4f, 1e-5f, nullptr, "windowed attention");
   }
 }
 

@@ -618,6 +618,153 @@ TEST_P(Kernels, AttentionBf16MatmulsWithinRoundingBound) {
   EXPECT_GT(ran, 0);
 }
 
+// ---- sliding window and logit soft-cap --------------------------------------------------------
+
+// Sequence s's table with the blocks before its first query's window dropped (-1, as the block
+// manager leaves them), and those physical blocks poisoned (NaN keys, values, int8 scales), so a
+// kernel that reads one, or lets one into its sums, fails.
+std::vector<int32_t> drop_outside_window(AttnFixture& f, const std::vector<int32_t>& qlen, int window) {
+  std::vector<int32_t> t = f.tables;
+  const int64_t head_elems = static_cast<int64_t>(f.c.block_size) * f.c.head_dim;
+  for (size_t s = 0; s < qlen.size(); ++s) {
+    const int first = first_visible_block(f.ctx[s] - qlen[s], window, f.c.block_size);
+    for (int b = 0; b < first; ++b) {
+      const int32_t phys = t[s * f.max_blocks + b];
+      t[s * f.max_blocks + b] = -1;
+      for (auto* cache : {&f.kc, &f.vc}) {
+        if (f.c.kv == DType::kI8) {
+          float* sc = reinterpret_cast<float*>(cache->data() + f.L.scales_offset());
+          for (int64_t i = 0; i < f.c.num_kv_heads * f.c.block_size; ++i)
+            sc[phys * f.c.num_kv_heads * f.c.block_size + i] = NAN;
+          continue;
+        }
+        const size_t es = dtype_size(f.c.kv);
+        const uint16_t nan16 = f.c.kv == DType::kBF16 ? 0x7FC0 : 0x7E00;
+        const float nan32 = NAN;
+        for (int64_t i = 0; i < f.c.num_kv_heads * head_elems; ++i) {
+          uint8_t* dst = cache->data() + (phys * f.c.num_kv_heads * head_elems + i) * es;
+          std::memcpy(dst, es == 4 ? static_cast<const void*>(&nan32) : &nan16, es);
+        }
+      }
+    }
+  }
+  return t;
+}
+
+struct WindowCase {
+  int window;
+  float softcap;
+};
+
+// Windows from 1 key to wider than the context, alone and with a soft-cap (and a cap alone).
+const WindowCase kWindowCases[] = {{1, 0.f},  {5, 0.f},  {9, 2.5f},  {16, 0.f},
+                                   {24, 0.f}, {33, 8.f}, {100, 0.f}, {0, 3.f}};
+
+TEST_P(Kernels, AttentionWindowAndSoftcapMatchReference) {
+  Batch B;
+  for (const auto& c : attn_cases())
+    for (const WindowCase w : kWindowCases) {
+      SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " kvh="
+                                        << c.num_kv_heads << " bs=" << c.block_size << " " << dtype_name(c.kv)
+                                        << " window=" << w.window << " cap=" << w.softcap);
+      AttnFixture f(c, B.ctx, 71);
+      const std::vector<int32_t> tables = drop_outside_window(f, B.qlen, w.window);
+      std::vector<int32_t> cu;
+      auto p = f.params(B.qlen, cu);
+      p.block_tables = tables.data();
+      p.window = w.window;
+      p.logit_softcap = w.softcap;
+      const int64_t q_stride = static_cast<int64_t>(f.nq_heads) * c.head_dim + 3;
+      // Scores of a few units, so the cap bends them.
+      auto q = randn(p.num_tokens * q_stride, 81, 2.f);
+      const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+      std::vector<float> out(p.num_tokens * f.nq_heads * c.head_dim), want(out.size());
+      be(2)->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, out.data());
+      ref::attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, want.data());
+      expect_close(out.data(), want.data(), out.size(), 2e-5f, 4e-6f, nullptr, "windowed attention");
+    }
+}
+
+// A window changes what a row sees, never how its arithmetic runs: each row of a windowed prefill
+// equals that row decoded alone, in chunks, and over 1 or 2 threads, bit for bit (with the
+// dropped blocks of each call's own first query).
+TEST_P(Kernels, AttentionWindowBatchInvariant) {
+  Batch B;
+  for (DType precision : {DType::kF32, DType::kBF16})
+    for (const auto& c : attn_cases())
+      for (const WindowCase w : {WindowCase{5, 0.f}, WindowCase{9, 2.5f}, WindowCase{17, 0.f}}) {
+        if (precision == DType::kBF16 && !be(1, precision)->set_matmul_precision(precision)) break;
+        SCOPED_TRACE(::testing::Message() << "hd=" << c.head_dim << " group=" << c.group << " bs="
+                                          << c.block_size << " " << dtype_name(c.kv) << " window=" << w.window
+                                          << " cap=" << w.softcap << " matmuls " << dtype_name(precision));
+        AttnFixture f(c, B.ctx, 91);
+        std::vector<int32_t> cu;
+        auto p = f.params(B.qlen, cu);
+        p.window = w.window;
+        p.logit_softcap = w.softcap;
+        const int64_t q_stride = static_cast<int64_t>(f.nq_heads) * c.head_dim;
+        auto q = randn(p.num_tokens * q_stride, 92, 2.f);
+        const float scale = 0.125f;
+        std::vector<float> full(p.num_tokens * q_stride), two(full.size());
+        be(1, precision)
+            ->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, full.data());
+        be(2, precision)
+            ->attention(q.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale, two.data());
+        EXPECT_TRUE(bitwise_equal(full.data(), two.data(), full.size())) << "1 vs 2 threads";
+        auto b1 = be(1, precision);
+        // Sequence 0 (a 20-token prefill): each row alone, then as chunks 0..split, split..20.
+        for (int j = 0; j < B.qlen[0]; ++j) {
+          std::vector<int32_t> ctx1 = {j + 1}, cu1 = {0, 1};
+          std::vector<int32_t> t1(f.tables.begin(), f.tables.begin() + f.max_blocks);
+          for (int b = 0; b < first_visible_block(j, w.window, c.block_size); ++b) t1[b] = -1;
+          AttentionParams p1 = p;
+          p1.num_seqs = 1;
+          p1.num_tokens = 1;
+          p1.cu_seqlens_q = cu1.data();
+          p1.context_lens = ctx1.data();
+          p1.block_tables = t1.data();
+          std::vector<float> o(q_stride);
+          b1->attention(q.data() + j * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p1, f.nq_heads,
+                        scale, o.data());
+          ASSERT_TRUE(bitwise_equal(o.data(), full.data() + j * q_stride, q_stride))
+              << "row " << j << " alone";
+        }
+        for (int split : {13, 4}) {
+          std::vector<int32_t> ctx2 = {20}, cu2 = {0, 20 - split};
+          std::vector<int32_t> t2(f.tables.begin(), f.tables.begin() + f.max_blocks);
+          for (int b = 0; b < first_visible_block(split, w.window, c.block_size); ++b) t2[b] = -1;
+          AttentionParams p2 = p;
+          p2.num_seqs = 1;
+          p2.num_tokens = 20 - split;
+          p2.cu_seqlens_q = cu2.data();
+          p2.context_lens = ctx2.data();
+          p2.block_tables = t2.data();
+          std::vector<float> o((20 - split) * q_stride);
+          b1->attention(q.data() + split * q_stride, q_stride, f.kc.data(), f.vc.data(), f.L, p2, f.nq_heads,
+                        scale, o.data());
+          EXPECT_TRUE(bitwise_equal(o.data(), full.data() + split * q_stride, o.size()))
+              << "chunk at " << split;
+        }
+      }
+}
+
+// The planner still checks every block a windowed call reads, and only those.
+TEST_P(Kernels, AttentionWindowChecksVisibleBlocksOnly) {
+  AttnFixture f({32, 2, 2, 8, DType::kF32}, {40}, 5);
+  std::vector<int32_t> cu;
+  auto p = f.params({1}, cu);  // a decode at position 39
+  p.window = 10;               // keys 30..39: blocks 3 and 4
+  std::vector<float> q(128), out(128);
+  f.tables[0] = f.tables[1] = f.tables[2] = -1;
+  EXPECT_NO_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 4, 1.f, out.data()));
+  f.tables[3] = -1;
+  EXPECT_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 4, 1.f, out.data()),
+               InvalidArgument);
+  p.window = -1;
+  EXPECT_THROW(be(1)->attention(q.data(), 128, f.kc.data(), f.vc.data(), f.L, p, 4, 1.f, out.data()),
+               InvalidArgument);
+}
+
 TEST_P(Kernels, AttentionRejectsBadInput) {
   AttnFixture f({32, 2, 2, 8, DType::kF32}, {9}, 5);  // 4 query heads over 2 KV heads
   std::vector<int32_t> cu;

@@ -283,6 +283,7 @@ void bind_quant(py::module_& m) {
 void bind_config(py::module_& m) {
   py::class_<ModelConfig>(m, "ModelConfig")
       .def_static("from_json", &ModelConfig::from_json)
+      .def_static("attention_pattern_from_json", &ModelConfig::attention_pattern_from_json)
       .def_readonly("architecture", &ModelConfig::architecture)
       .def_readonly("vocab_size", &ModelConfig::vocab_size)
       .def_readonly("hidden_size", &ModelConfig::hidden_size)
@@ -292,6 +293,9 @@ void bind_config(py::module_& m) {
       .def_readonly("head_dim", &ModelConfig::head_dim)
       .def_readonly("max_position_embeddings", &ModelConfig::max_position_embeddings)
       .def_readonly("eos_token_ids", &ModelConfig::eos_token_ids)
+      .def_readonly("sliding_window", &ModelConfig::sliding_window)
+      .def_readonly("layer_window", &ModelConfig::layer_window)
+      .def_readonly("attn_logit_softcap", &ModelConfig::attn_logit_softcap)
       .def("summary", &ModelConfig::summary);
 
   py::class_<SamplingParams>(m, "SamplingParams")

@@ -1,6 +1,7 @@
 // model: config.json parsing and rotary frequencies.
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -49,7 +50,67 @@ void parse_rope(const json& j, ModelConfig& c) {
                  "unsupported rope scaling type '" << type << "' (supported: default, linear, llama3)");
 }
 
+// Which layers slide and by how much, as transformers 5 decides it per model type (their config
+// classes' defaults and post-init, their modeling code's use):
+//  - Llama: never. Mistral, Mixtral, Phi-3: every layer by sliding_window (null: none; defaults
+//    4096, none, none), layer_types ignored. Qwen3-MoE: every layer, with use_sliding_window.
+//  - Qwen2 / Qwen3 / Qwen2-MoE: only with use_sliding_window; then the layers the saved
+//    layer_types name, else layers >= max_window_layers (Qwen2-MoE: even layers < it).
+//  - Gemma 2 / 3 and any other model: the saved layer_types ("sliding_attention" /
+//    "full_attention"); else Gemma's default pattern; else none.
+void parse_attention_pattern(const json& j, ModelConfig& c) {
+  const std::string& mt = c.model_type;
+  const bool use_flag = mt == "qwen2" || mt == "qwen3" || mt == "qwen2_moe" || mt == "qwen3_moe";
+  const bool every_layer = mt == "mistral" || mt == "mixtral" || mt == "phi3" || mt == "qwen3_moe";
+  const bool gemma = mt == "gemma2" || mt == "gemma3_text";
+  int32_t window = 0;
+  if (!(j.contains("sliding_window") && j["sliding_window"].is_null())) {
+    const int32_t class_default = mt == "mistral" || use_flag || gemma ? 4096 : 0;
+    window = get_or<int32_t>(j, "sliding_window", class_default);
+  }
+  if ((use_flag && !get_or<bool>(j, "use_sliding_window", false)) || mt == "llama") window = 0;
+  FANTAI_REQUIRE(window >= 0, "sliding_window must be >= 0, got " << window);
+  c.sliding_window = window;
+  std::vector<bool> slides(static_cast<size_t>(c.num_layers), every_layer);
+  const auto types = j.find("layer_types");
+  if (!every_layer && mt != "llama" && types != j.end() && types->is_array()) {
+    FANTAI_REQUIRE(static_cast<int32_t>(types->size()) == c.num_layers,
+                   "layer_types lists " << types->size() << " layers, the model has " << c.num_layers);
+    for (int32_t i = 0; i < c.num_layers; ++i) {
+      const std::string t = (*types)[i].get<std::string>();
+      FANTAI_REQUIRE(t == "sliding_attention" || t == "full_attention",
+                     "unsupported layer type '" << t << "' (supported: sliding_attention, full_attention)");
+      slides[i] = t == "sliding_attention";
+    }
+  } else if (use_flag && !every_layer) {
+    const int32_t mwl = get_or<int32_t>(j, "max_window_layers", 28);
+    for (int32_t i = 0; i < c.num_layers; ++i)
+      slides[i] = mt == "qwen2_moe" ? (i + 1) % 2 && i < mwl : i >= mwl;
+  } else if (gemma) {
+    const int32_t period = mt == "gemma2" ? 2 : get_or<int32_t>(j, "sliding_window_pattern", 6);
+    for (int32_t i = 0; i < c.num_layers; ++i) slides[i] = (i + 1) % period != 0;
+  }
+  c.layer_window.assign(static_cast<size_t>(c.num_layers), 0);
+  for (int32_t i = 0; i < c.num_layers; ++i) c.layer_window[i] = slides[i] ? window : 0;
+  c.attn_logit_softcap = get_or<float>(j, "attn_logit_softcapping", mt == "gemma2" ? 50.0f : 0.0f);
+  FANTAI_REQUIRE(c.attn_logit_softcap >= 0.0f, "attn_logit_softcapping must be >= 0");
+}
+
 }  // namespace
+
+ModelConfig ModelConfig::attention_pattern_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    FANTAI_THROW("config.json is not valid JSON: " << e.what());
+  }
+  ModelConfig c;
+  c.model_type = get_or<std::string>(j, "model_type", "llama");
+  c.num_layers = get_or<int32_t>(j, "num_hidden_layers", 0);
+  parse_attention_pattern(j, c);
+  return c;
+}
 
 ModelConfig ModelConfig::from_json(const std::string& text) {
   json j;
@@ -89,7 +150,7 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   parse_rope(j, c);
   c.max_position_embeddings = get_or<int32_t>(j, "max_position_embeddings", 2048);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
-  if (get_or<bool>(j, "use_sliding_window", true)) c.sliding_window = get_or<int32_t>(j, "sliding_window", 0);
+  parse_attention_pattern(j, c);
   std::string dt = get_or<std::string>(j, "torch_dtype", get_or<std::string>(j, "dtype", "float32"));
   c.torch_dtype = dtype_from_name(dt);
   c.eos_token_ids = token_ids(j, "eos_token_id");
@@ -110,6 +171,11 @@ std::string ModelConfig::summary() const {
   o << architecture << ": " << num_layers << " layers, hidden " << hidden_size << ", heads " << num_heads
     << "/" << num_kv_heads << " (q/kv), head_dim " << head_dim << ", vocab " << vocab_size << ", rope "
     << rope_scaling.type << " theta " << rope_theta;
+  const auto windowed = std::count_if(layer_window.begin(), layer_window.end(),
+                                      [](int32_t w) { return w > 0; });
+  if (windowed)
+    o << ", sliding window " << sliding_window << " on " << windowed << " of " << num_layers << " layers";
+  if (attn_logit_softcap > 0) o << ", attention soft-cap " << attn_logit_softcap;
   return o.str();
 }
 

@@ -33,7 +33,15 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   int32_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
-  int32_t sliding_window = 0;  // 0: none. Mistral's window caps max_model_len (full attention).
+  // ---- attention pattern (sliding windows, logit soft-cap) ----
+  // The config's window size (0: none); layer_window says which layers use it.
+  int32_t sliding_window = 0;
+  // Per layer: 0 = full causal attention, W > 0 = the query at position p sees keys j with
+  // p - W < j <= p (transformers' sliding_window_overlay). Always num_layers entries.
+  std::vector<int32_t> layer_window;
+  // Gemma 2's attn_logit_softcapping: score = cap * tanh(score / cap) after the scale, before the
+  // mask and softmax. 0: none.
+  float attn_logit_softcap = 0.0f;
   DType torch_dtype = DType::kF32;
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
@@ -43,6 +51,9 @@ struct ModelConfig {
 
   // Accepts both the transformers 4 keys (rope_theta, rope_scaling) and 5 (rope_parameters).
   static ModelConfig from_json(const std::string& json_text);
+  // Only model_type, num_layers and the attention pattern (windows, soft-cap), for any model type
+  // (no architecture check): how a config.json's keys map to layer_window, testable on its own.
+  static ModelConfig attention_pattern_from_json(const std::string& json_text);
   static ModelConfig from_file(const std::string& path);
   std::string summary() const;
 };

@@ -63,7 +63,7 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
         std::min<int64_t>(std::max<int64_t>(bytes - padding, 0) / static_cast<int64_t>(per_block), 1 << 30));
   }
   FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block (" << per_block << " bytes)");
-  blocks_ = std::make_unique<BlockManager>(num_blocks, config_.block_size, config_.enable_prefix_caching);
+  blocks_ = std::make_unique<BlockPool>(num_blocks, config_.block_size, config_.enable_prefix_caching);
   cache_ = std::make_unique<model::KVCache>(mc, num_blocks, config_.block_size, kv_dtype, model_->backend());
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},

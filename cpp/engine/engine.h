@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/block_manager.h"
+#include "engine/block_pool.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -124,7 +124,7 @@ class Engine {
 
   const EngineConfig& config() const { return config_; }
   const model::ModelConfig& model_config() const { return model_->config(); }
-  const BlockManager& block_manager() const { return *blocks_; }
+  const BlockPool& block_manager() const { return *blocks_; }
   size_t kv_cache_bytes() const { return cache_->bytes(); }
   size_t kv_resident_bytes() const { return cache_->resident_bytes(); }
 
@@ -143,7 +143,7 @@ class Engine {
 
   std::shared_ptr<model::Model> model_;
   EngineConfig config_;
-  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<BlockPool> blocks_;
   std::unique_ptr<model::KVCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/block_manager.h"
+#include "engine/block_pool.h"
 #include "sampling/sampling_params.h"
 
 namespace fantai::engine {

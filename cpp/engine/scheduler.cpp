@@ -19,8 +19,8 @@ bool is_decode(const ScheduledSeq& s) { return s.start >= static_cast<int32_t>(s
 
 }  // namespace
 
-Scheduler::Scheduler(SchedulerConfig config, BlockManager* blocks) : config_(config), blocks_(blocks) {
-  FANTAI_REQUIRE(blocks_ != nullptr, "Scheduler needs a BlockManager");
+Scheduler::Scheduler(SchedulerConfig config, BlockPool* blocks) : config_(config), blocks_(blocks) {
+  FANTAI_REQUIRE(blocks_ != nullptr, "Scheduler needs a BlockPool");
   FANTAI_REQUIRE(config_.max_num_seqs >= 1, "max_num_seqs must be >= 1, got " << config_.max_num_seqs);
   FANTAI_REQUIRE(config_.max_num_batched_tokens >= 1,
                  "max_num_batched_tokens must be >= 1, got " << config_.max_num_batched_tokens);

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/block_manager.h"
+#include "engine/block_pool.h"
 #include "engine/request.h"
 
 namespace fantai::engine {
@@ -48,7 +48,7 @@ struct ScheduledBatch {
 // After the step, the engine calls on_step_done() to advance num_computed_tokens and finish().
 class Scheduler {
  public:
-  Scheduler(SchedulerConfig config, BlockManager* blocks);
+  Scheduler(SchedulerConfig config, BlockPool* blocks);
 
   void add(Request* request);
   // Adds a request that already holds blocks and computed tokens (a child forked from a running
@@ -84,7 +84,7 @@ class Scheduler {
   }
 
   SchedulerConfig config_;
-  BlockManager* blocks_;
+  BlockPool* blocks_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the back is preempted first
   int64_t num_preemptions_ = 0;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "engine/block_manager.h"
+#include "engine/block_pool.h"
 
 namespace fantai::engine {
 namespace {
@@ -18,7 +18,7 @@ namespace {
 std::vector<const BlockTable*> tables(std::initializer_list<const BlockTable*> l) { return l; }
 
 // Every block id in `t` is distinct and in range.
-void expect_valid_ids(const BlockManager& bm, const BlockTable& t) {
+void expect_valid_ids(const BlockPool& bm, const BlockTable& t) {
   std::set<int32_t> ids(t.blocks.begin(), t.blocks.end());
   EXPECT_EQ(ids.size(), t.blocks.size());
   for (int32_t b : t.blocks) {
@@ -27,14 +27,14 @@ void expect_valid_ids(const BlockManager& bm, const BlockTable& t) {
   }
 }
 
-TEST(BlockManager, ConstructorValidates) {
-  EXPECT_THROW(BlockManager(-1, 16), InvalidArgument);
-  EXPECT_THROW(BlockManager(4, 0), InvalidArgument);
-  EXPECT_NO_THROW(BlockManager(0, 1));
+TEST(BlockPool, ConstructorValidates) {
+  EXPECT_THROW(BlockPool(-1, 16), InvalidArgument);
+  EXPECT_THROW(BlockPool(4, 0), InvalidArgument);
+  EXPECT_NO_THROW(BlockPool(0, 1));
 }
 
-TEST(BlockManager, FreshPoolIsAllFree) {
-  BlockManager bm(8, 16);
+TEST(BlockPool, FreshPoolIsAllFree) {
+  BlockPool bm(8, 16);
   EXPECT_EQ(bm.num_blocks(), 8);
   EXPECT_EQ(bm.block_size(), 16);
   EXPECT_EQ(bm.num_free_blocks(), 8);
@@ -45,8 +45,8 @@ TEST(BlockManager, FreshPoolIsAllFree) {
   EXPECT_NO_THROW(bm.check_invariants({}));
 }
 
-TEST(BlockManager, BlocksForIsCeil) {
-  BlockManager bm(1, 4);
+TEST(BlockPool, BlocksForIsCeil) {
+  BlockPool bm(1, 4);
   EXPECT_EQ(bm.blocks_for(0), 0);
   EXPECT_EQ(bm.blocks_for(1), 1);
   EXPECT_EQ(bm.blocks_for(4), 1);
@@ -55,8 +55,8 @@ TEST(BlockManager, BlocksForIsCeil) {
   EXPECT_EQ(bm.blocks_for(9), 3);
 }
 
-TEST(BlockManager, AllocateGrowsToExactlyCeilBlocks) {
-  BlockManager bm(8, 4);
+TEST(BlockPool, AllocateGrowsToExactlyCeilBlocks) {
+  BlockPool bm(8, 4);
   BlockTable t;
   ASSERT_TRUE(bm.allocate(t, 1));
   EXPECT_EQ(t.blocks.size(), 1u);
@@ -75,8 +75,8 @@ TEST(BlockManager, AllocateGrowsToExactlyCeilBlocks) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
 }
 
-TEST(BlockManager, AllocateNeverShrinks) {
-  BlockManager bm(8, 4);
+TEST(BlockPool, AllocateNeverShrinks) {
+  BlockPool bm(8, 4);
   BlockTable t;
   ASSERT_TRUE(bm.allocate(t, 9));
   const auto before = t.blocks;
@@ -90,8 +90,8 @@ TEST(BlockManager, AllocateNeverShrinks) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
 }
 
-TEST(BlockManager, ExhaustionReturnsFalseAndChangesNothing) {
-  BlockManager bm(3, 4);
+TEST(BlockPool, ExhaustionReturnsFalseAndChangesNothing) {
+  BlockPool bm(3, 4);
   BlockTable a, b;
   ASSERT_TRUE(bm.allocate(a, 6));  // 2 blocks
   ASSERT_TRUE(bm.allocate(b, 1));  // 1 block: pool now empty
@@ -114,9 +114,9 @@ TEST(BlockManager, ExhaustionReturnsFalseAndChangesNothing) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b})));
 }
 
-TEST(BlockManager, PartialShortageAllocatesNothing) {
+TEST(BlockPool, PartialShortageAllocatesNothing) {
   // Two blocks free, three needed: none may be taken (no half-grown table).
-  BlockManager bm(2, 2);
+  BlockPool bm(2, 2);
   BlockTable t;
   EXPECT_FALSE(bm.allocate(t, 5));
   EXPECT_TRUE(t.blocks.empty());
@@ -126,16 +126,16 @@ TEST(BlockManager, PartialShortageAllocatesNothing) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
 }
 
-TEST(BlockManager, EmptyPoolOnlyAllowsZeroTokens) {
-  BlockManager bm(0, 4);
+TEST(BlockPool, EmptyPoolOnlyAllowsZeroTokens) {
+  BlockPool bm(0, 4);
   BlockTable t;
   EXPECT_TRUE(bm.allocate(t, 0));
   EXPECT_FALSE(bm.allocate(t, 1));
   EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
 }
 
-TEST(BlockManager, CanAllocateAgreesWithAllocate) {
-  BlockManager bm(5, 3);
+TEST(BlockPool, CanAllocateAgreesWithAllocate) {
+  BlockPool bm(5, 3);
   BlockTable t;
   for (int32_t n = 0; n <= 18; ++n) {
     const bool can = bm.can_allocate(t, n);
@@ -148,8 +148,8 @@ TEST(BlockManager, CanAllocateAgreesWithAllocate) {
   EXPECT_EQ(t.num_tokens, 15);
 }
 
-TEST(BlockManager, FreeReturnsBlocksAndIsIdempotent) {
-  BlockManager bm(4, 4);
+TEST(BlockPool, FreeReturnsBlocksAndIsIdempotent) {
+  BlockPool bm(4, 4);
   BlockTable a, b;
   ASSERT_TRUE(bm.allocate(a, 7));
   ASSERT_TRUE(bm.allocate(b, 8));
@@ -177,8 +177,8 @@ TEST(BlockManager, FreeReturnsBlocksAndIsIdempotent) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b, &c})));
 }
 
-TEST(BlockManager, ForkSharesBlocksWithRefCounts) {
-  BlockManager bm(6, 4);
+TEST(BlockPool, ForkSharesBlocksWithRefCounts) {
+  BlockPool bm(6, 4);
   BlockTable src, dst;
   ASSERT_TRUE(bm.allocate(src, 6));
   bm.fork(src, dst);
@@ -208,8 +208,8 @@ TEST(BlockManager, ForkSharesBlocksWithRefCounts) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&src, &dst})));
 }
 
-TEST(BlockManager, ForkIntoNonEmptyTableThrows) {
-  BlockManager bm(4, 4);
+TEST(BlockPool, ForkIntoNonEmptyTableThrows) {
+  BlockPool bm(4, 4);
   BlockTable a, b;
   ASSERT_TRUE(bm.allocate(a, 4));
   ASSERT_TRUE(bm.allocate(b, 4));
@@ -218,8 +218,8 @@ TEST(BlockManager, ForkIntoNonEmptyTableThrows) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b})));
 }
 
-TEST(BlockManager, UtilizationMath) {
-  BlockManager bm(10, 8);
+TEST(BlockPool, UtilizationMath) {
+  BlockPool bm(10, 8);
   BlockTable a, b, c;
   ASSERT_TRUE(bm.allocate(a, 1));   // 1 block, 7 slots wasted
   ASSERT_TRUE(bm.allocate(b, 16));  // 2 blocks, no waste
@@ -240,8 +240,8 @@ TEST(BlockManager, UtilizationMath) {
   EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b, &c})));
 }
 
-TEST(BlockManager, CheckInvariantsCatchesViolations) {
-  BlockManager bm(4, 4);
+TEST(BlockPool, CheckInvariantsCatchesViolations) {
+  BlockPool bm(4, 4);
   BlockTable a, b;
   ASSERT_TRUE(bm.allocate(a, 5));
   ASSERT_TRUE(bm.allocate(b, 2));
@@ -270,8 +270,8 @@ TEST(BlockManager, CheckInvariantsCatchesViolations) {
   EXPECT_THROW(bm.check_invariants(tables({&a, &b, nullptr})), std::runtime_error);
 }
 
-TEST(BlockManager, FreeOfForeignTableThrows) {
-  BlockManager bm(2, 4);
+TEST(BlockPool, FreeOfForeignTableThrows) {
+  BlockPool bm(2, 4);
   BlockTable bogus;
   bogus.blocks = {1};
   bogus.num_tokens = 1;
@@ -279,12 +279,12 @@ TEST(BlockManager, FreeOfForeignTableThrows) {
 }
 
 // Random allocate / grow / fork / free, checking the invariants and the accounting every step.
-TEST(BlockManager, RandomizedOpsKeepInvariants) {
+TEST(BlockPool, RandomizedOpsKeepInvariants) {
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     std::mt19937_64 rng(seed);
     const int32_t num_blocks = static_cast<int32_t>(rng() % 24);
     const int32_t block_size = 1 + static_cast<int32_t>(rng() % 8);
-    BlockManager bm(num_blocks, block_size);
+    BlockPool bm(num_blocks, block_size);
     std::vector<std::unique_ptr<BlockTable>> live;
     for (int step = 0; step < 2000; ++step) {
       const int op = static_cast<int>(rng() % 4);

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/block_manager.h"
+#include "engine/block_pool.h"
 
 namespace fantai::engine {
 namespace {
@@ -18,7 +18,7 @@ std::vector<int32_t> seq(int32_t n, int32_t start = 100) {
 }
 
 // A table that computed `tokens` and registered its full blocks, then finished.
-void compute_and_free(BlockManager& bm, const std::vector<int32_t>& tokens) {
+void compute_and_free(BlockPool& bm, const std::vector<int32_t>& tokens) {
   BlockTable t;
   ASSERT_TRUE(bm.allocate(t, static_cast<int32_t>(tokens.size())));
   bm.cache_full_blocks(t, tokens.data(), static_cast<int32_t>(tokens.size()));
@@ -26,7 +26,7 @@ void compute_and_free(BlockManager& bm, const std::vector<int32_t>& tokens) {
 }
 
 TEST(PrefixCache, FullBlocksAreFoundAgainAfterFree) {
-  BlockManager bm(16, 4, true);
+  BlockPool bm(16, 4, true);
   const auto tokens = seq(10);  // 2 full blocks + 2 tokens
   compute_and_free(bm, tokens);
   EXPECT_EQ(bm.num_cached_blocks(), 2);
@@ -47,7 +47,7 @@ TEST(PrefixCache, FullBlocksAreFoundAgainAfterFree) {
 }
 
 TEST(PrefixCache, DifferentPrefixOrTokensMiss) {
-  BlockManager bm(16, 4, true);
+  BlockPool bm(16, 4, true);
   const auto tokens = seq(8);
   compute_and_free(bm, tokens);
   auto other = tokens;
@@ -62,7 +62,7 @@ TEST(PrefixCache, DifferentPrefixOrTokensMiss) {
 }
 
 TEST(PrefixCache, DisabledCachesNothing) {
-  BlockManager bm(8, 4, false);
+  BlockPool bm(8, 4, false);
   const auto tokens = seq(8);
   compute_and_free(bm, tokens);
   EXPECT_EQ(bm.num_cached_blocks(), 0);
@@ -70,7 +70,7 @@ TEST(PrefixCache, DisabledCachesNothing) {
 }
 
 TEST(PrefixCache, LeastRecentlyUsedIsEvictedFirstAndInUseNever) {
-  BlockManager bm(4, 2, true);
+  BlockPool bm(4, 2, true);
   const auto a = seq(2, 10), b = seq(2, 20), c = seq(2, 30);
   compute_and_free(bm, a);  // oldest
   compute_and_free(bm, b);
@@ -95,7 +95,7 @@ TEST(PrefixCache, LeastRecentlyUsedIsEvictedFirstAndInUseNever) {
 }
 
 TEST(PrefixCache, CopyOnWriteOnlyForASharedPartialBlock) {
-  BlockManager bm(8, 4, true);
+  BlockPool bm(8, 4, true);
   BlockTable parent, child;
   ASSERT_TRUE(bm.allocate(parent, 6));  // block 1 half full
   bm.fork(parent, child);
@@ -116,7 +116,7 @@ TEST(PrefixCache, CopyOnWriteOnlyForASharedPartialBlock) {
 }
 
 TEST(PrefixCache, TrimAndResetDropContent) {
-  BlockManager bm(8, 2, true);
+  BlockPool bm(8, 2, true);
   for (int i = 0; i < 4; ++i) compute_and_free(bm, seq(2, 10 * i));
   EXPECT_EQ(bm.num_cached_blocks(), 4);
   EXPECT_EQ(bm.trim_cache(1), 3);
@@ -135,7 +135,7 @@ TEST(PrefixCache, RandomizedKeepsInvariantsAndServesOnlyExactContent) {
   for (uint64_t seed = 1; seed <= 30; ++seed) {
     std::mt19937_64 rng(seed);
     const int32_t bs = 1 + static_cast<int32_t>(rng() % 4);
-    BlockManager bm(4 + static_cast<int32_t>(rng() % 24), bs, true);
+    BlockPool bm(4 + static_cast<int32_t>(rng() % 24), bs, true);
     struct Seq {
       BlockTable t;
       std::vector<int32_t> tokens;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "engine/block_manager.h"
+#include "engine/block_pool.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 
@@ -35,7 +35,7 @@ std::unique_ptr<Request> make_request(uint64_t id, int32_t prompt_len, int32_t m
 
 // Owns the pool, the scheduler and the requests; step() plays the engine.
 struct Harness {
-  BlockManager bm;
+  BlockPool bm;
   Scheduler sched;
   std::vector<std::unique_ptr<Request>> reqs;
 
@@ -108,7 +108,7 @@ TEST(Request, FinishReasonNames) {
 }
 
 TEST(Scheduler, ConstructorAndAddValidate) {
-  BlockManager bm(4, 4);
+  BlockPool bm(4, 4);
   EXPECT_THROW(Scheduler(config(0, 8), &bm), InvalidArgument);
   EXPECT_THROW(Scheduler(config(1, 0), &bm), InvalidArgument);
   EXPECT_THROW(Scheduler(config(1, 8), nullptr), InvalidArgument);
@@ -555,7 +555,7 @@ class SchedulerFuzz {
     cfg_.max_num_seqs = pick(seqs);
     cfg_.max_num_batched_tokens = pick(budgets);
     cfg_.enable_chunked_prefill = rng_() % 4 != 0;
-    bm_ = std::make_unique<BlockManager>(pick(blocks), pick(sizes));
+    bm_ = std::make_unique<BlockPool>(pick(blocks), pick(sizes));
     sched_ = std::make_unique<Scheduler>(cfg_, bm_.get());
     num_requests_ = 20 + static_cast<int>(rng_() % 60);
     // Half the runs never abort: aborts would also end a livelocked request and hide the bug.
@@ -769,7 +769,7 @@ class SchedulerFuzz {
   uint64_t seed_;
   std::mt19937_64 rng_;
   SchedulerConfig cfg_;
-  std::unique_ptr<BlockManager> bm_;
+  std::unique_ptr<BlockPool> bm_;
   std::unique_ptr<Scheduler> sched_;
   int num_requests_ = 0;
   int abort_percent_ = 0;

@@ -35,9 +35,9 @@ struct BlockStats {
 // Cache keys chain on the parent block's identity (a uid never reused), not on a hash of the
 // parent's content: a hit compares the block's tokens and its parent's uid exactly, so no hash
 // collision can ever serve wrong KV.
-class BlockManager {
+class BlockPool {
  public:
-  BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching = false);
+  BlockPool(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching = false);
 
   int32_t block_size() const { return block_size_; }
   int32_t num_blocks() const { return num_blocks_; }

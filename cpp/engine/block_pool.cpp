@@ -1,5 +1,5 @@
 // engine: the paged KV block pool: allocation, sharing, prefix cache with LRU eviction, CoW.
-#include "engine/block_manager.h"
+#include "engine/block_pool.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +8,7 @@
 
 namespace fantai::engine {
 
-BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching)
+BlockPool::BlockPool(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching)
     : num_blocks_(num_blocks), block_size_(block_size), prefix_caching_(enable_prefix_caching) {
   FANTAI_REQUIRE(num_blocks >= 0, "num_blocks must be >= 0, got " << num_blocks);
   FANTAI_REQUIRE(block_size >= 1, "block_size must be >= 1, got " << block_size);
@@ -26,19 +26,19 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
   for (int32_t b = 0; b < num_blocks_; ++b) clean_.insert(clean_.end(), b);
 }
 
-bool BlockManager::can_allocate(const BlockTable& table, int32_t num_tokens) const {
+bool BlockPool::can_allocate(const BlockTable& table, int32_t num_tokens) const {
   const int32_t need = blocks_for(num_tokens) - static_cast<int32_t>(table.blocks.size());
   return need <= num_free_blocks();
 }
 
-void BlockManager::set_fill(int32_t block, int32_t fill) {
+void BlockPool::set_fill(int32_t block, int32_t fill) {
   if (fill > fill_[block]) {
     used_slots_ += fill - fill_[block];
     fill_[block] = fill;
   }
 }
 
-bool BlockManager::allocate(BlockTable& table, int32_t num_tokens) {
+bool BlockPool::allocate(BlockTable& table, int32_t num_tokens) {
   FANTAI_CHECK(num_tokens >= 0, "allocate: negative token count " << num_tokens);
   if (num_tokens <= table.num_tokens) return true;  // tables never shrink here; free() empties
   // Check first so a short pool leaves the table and the pool exactly as they were.
@@ -53,7 +53,7 @@ bool BlockManager::allocate(BlockTable& table, int32_t num_tokens) {
   return true;
 }
 
-int32_t BlockManager::take_free_block() {
+int32_t BlockPool::take_free_block() {
   int32_t b;
   if (!clean_.empty()) {
     b = *clean_.begin();
@@ -73,7 +73,7 @@ int32_t BlockManager::take_free_block() {
   return b;
 }
 
-void BlockManager::release(int32_t b) {
+void BlockPool::release(int32_t b) {
   used_slots_ -= fill_[b];
   if (key_[b] != 0) {
     lru_push_back(b);  // keeps its content (fill stays, the block is full) until evicted
@@ -82,13 +82,13 @@ void BlockManager::release(int32_t b) {
   }
 }
 
-void BlockManager::make_clean(int32_t b) {
+void BlockPool::make_clean(int32_t b) {
   fill_[b] = 0;
   key_[b] = 0;
   clean_.insert(b);
 }
 
-void BlockManager::free(BlockTable& table) {
+void BlockPool::free(BlockTable& table) {
   // Tail first: a sequence's last blocks are the least likely to be shared, so evict them first.
   for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) {
     const int32_t b = *it;
@@ -101,7 +101,7 @@ void BlockManager::free(BlockTable& table) {
   table.num_cached_blocks = 0;
 }
 
-void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
+void BlockPool::fork(const BlockTable& src, BlockTable& dst) {
   FANTAI_CHECK(dst.blocks.empty() && dst.num_tokens == 0, "fork: destination table is not empty");
   for (int32_t b : src.blocks) {
     FANTAI_CHECK(b >= 0 && b < num_blocks_ && ref_counts_[b] > 0, "fork: block " << b << " is not owned");
@@ -111,7 +111,7 @@ void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
 }
 
 // ---- LRU list of cached, unowned blocks ----------------------------------------------------------
-void BlockManager::lru_push_back(int32_t b) {
+void BlockPool::lru_push_back(int32_t b) {
   lru_prev_[b] = lru_tail_;
   lru_next_[b] = -1;
   if (lru_tail_ >= 0) lru_next_[lru_tail_] = b;
@@ -121,7 +121,7 @@ void BlockManager::lru_push_back(int32_t b) {
   ++lru_size_;
 }
 
-void BlockManager::lru_remove(int32_t b) {
+void BlockPool::lru_remove(int32_t b) {
   const int32_t p = lru_prev_[b], n = lru_next_[b];
   if (p >= 0) lru_next_[p] = n;
   else lru_head_ = n;
@@ -133,7 +133,7 @@ void BlockManager::lru_remove(int32_t b) {
 }
 
 // ---- prefix cache ---------------------------------------------------------------------------------
-uint64_t BlockManager::key_of(uint64_t parent_uid, const int32_t* tokens) const {
+uint64_t BlockPool::key_of(uint64_t parent_uid, const int32_t* tokens) const {
   uint64_t h = parent_uid * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
   for (int32_t i = 0; i < block_size_; ++i) {
     h ^= static_cast<uint32_t>(tokens[i]);
@@ -143,7 +143,7 @@ uint64_t BlockManager::key_of(uint64_t parent_uid, const int32_t* tokens) const 
   return h ? h : 1;  // 0 means "not registered"
 }
 
-int32_t BlockManager::lookup(uint64_t parent_uid, const int32_t* tokens) const {
+int32_t BlockPool::lookup(uint64_t parent_uid, const int32_t* tokens) const {
   auto it = cache_.find(key_of(parent_uid, tokens));
   if (it == cache_.end()) return -1;
   const int32_t b = it->second;
@@ -153,7 +153,7 @@ int32_t BlockManager::lookup(uint64_t parent_uid, const int32_t* tokens) const {
   return same ? b : -1;  // a key collision is a miss, never wrong KV
 }
 
-std::vector<int32_t> BlockManager::find_cached_prefix(const int32_t* tokens, int32_t max_tokens) const {
+std::vector<int32_t> BlockPool::find_cached_prefix(const int32_t* tokens, int32_t max_tokens) const {
   std::vector<int32_t> out;
   if (!prefix_caching_) return out;
   uint64_t parent = 0;
@@ -166,13 +166,13 @@ std::vector<int32_t> BlockManager::find_cached_prefix(const int32_t* tokens, int
   return out;
 }
 
-int32_t BlockManager::num_evictable(const std::vector<int32_t>& blocks) const {
+int32_t BlockPool::num_evictable(const std::vector<int32_t>& blocks) const {
   int32_t n = 0;
   for (int32_t b : blocks) n += ref_counts_[b] == 0;
   return n;
 }
 
-void BlockManager::take_cached(BlockTable& table, const std::vector<int32_t>& blocks) {
+void BlockPool::take_cached(BlockTable& table, const std::vector<int32_t>& blocks) {
   FANTAI_CHECK(table.blocks.empty(), "take_cached: table is not empty");
   for (int32_t b : blocks) {
     FANTAI_CHECK(key_[b] != 0, "take_cached: block " << b << " is not cached");
@@ -186,7 +186,7 @@ void BlockManager::take_cached(BlockTable& table, const std::vector<int32_t>& bl
   table.num_cached_blocks = static_cast<int32_t>(blocks.size());
 }
 
-void BlockManager::cache_full_blocks(BlockTable& table, const int32_t* tokens, int32_t num_computed) {
+void BlockPool::cache_full_blocks(BlockTable& table, const int32_t* tokens, int32_t num_computed) {
   if (!prefix_caching_) return;
   const int32_t full = std::min<int32_t>(num_computed / block_size_,
                                          static_cast<int32_t>(table.blocks.size()));
@@ -205,12 +205,12 @@ void BlockManager::cache_full_blocks(BlockTable& table, const int32_t* tokens, i
   table.num_cached_blocks = std::max(table.num_cached_blocks, full);
 }
 
-void BlockManager::record_lookup(int32_t queried, int32_t hit) {
+void BlockPool::record_lookup(int32_t queried, int32_t hit) {
   stats_.prefix_queries += queried;
   stats_.prefix_hits += hit;
 }
 
-int32_t BlockManager::trim_cache(int32_t keep) {
+int32_t BlockPool::trim_cache(int32_t keep) {
   int32_t n = 0;
   while (lru_size_ > std::max(keep, 0)) {
     const int32_t b = lru_head_;
@@ -223,14 +223,14 @@ int32_t BlockManager::trim_cache(int32_t keep) {
   return n;
 }
 
-int32_t BlockManager::reset_prefix_cache() {
+int32_t BlockPool::reset_prefix_cache() {
   const int32_t n = trim_cache(0);
   cache_.clear();  // owned blocks keep their KV but are no longer found by lookups
   std::fill(key_.begin(), key_.end(), 0);
   return n;
 }
 
-std::pair<int32_t, int32_t> BlockManager::copy_on_write(BlockTable& table, int32_t pos) {
+std::pair<int32_t, int32_t> BlockPool::copy_on_write(BlockTable& table, int32_t pos) {
   const int32_t i = pos / block_size_;
   if (i >= static_cast<int32_t>(table.blocks.size())) return {-1, -1};
   const int32_t src = table.blocks[i];
@@ -245,7 +245,7 @@ std::pair<int32_t, int32_t> BlockManager::copy_on_write(BlockTable& table, int32
   return {src, dst};
 }
 
-void BlockManager::check_invariants(const std::vector<const BlockTable*>& live) const {
+void BlockPool::check_invariants(const std::vector<const BlockTable*>& live) const {
   std::vector<const BlockTable*> sorted = live;
   std::sort(sorted.begin(), sorted.end());
   FANTAI_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),

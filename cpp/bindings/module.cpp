@@ -31,6 +31,20 @@ py::dict stats_dict(const engine::EngineStats& s) {
   d["num_free_blocks"] = s.num_free_blocks;
   d["num_total_blocks"] = s.num_total_blocks;
   d["num_used_blocks"] = s.num_total_blocks - s.num_free_blocks;
+  py::list kinds;  // one entry per attention kind's pool (one for models without windows)
+  for (const engine::KVKindStats& k : s.kv_kinds) {
+    py::dict kd;
+    kd["kind"] = engine::kv_kind_name(k.window);
+    kd["window"] = k.window;
+    kd["num_layers"] = k.num_layers;
+    kd["num_total_blocks"] = k.num_total_blocks;
+    kd["num_free_blocks"] = k.num_free_blocks;
+    kd["num_used_blocks"] = k.num_total_blocks - k.num_free_blocks;
+    kd["num_cached_blocks"] = k.num_cached_blocks;
+    kd["used_slots"] = k.used_slots;
+    kinds.append(kd);
+  }
+  d["kv_kinds"] = kinds;
   d["block_size"] = s.block_size;
   d["used_slots"] = s.used_slots;
   d["allocated_slots"] = s.allocated_slots;

@@ -1,4 +1,5 @@
-// engine: the paged KV block pool: allocation, sharing, prefix cache with LRU eviction, CoW.
+// engine: one kind's paged KV block pool: allocation, sharing, prefix cache with LRU eviction,
+// CoW, window drops.
 #include "engine/block_pool.h"
 
 #include <algorithm>
@@ -45,7 +46,7 @@ bool BlockPool::allocate(BlockTable& table, int32_t num_tokens) {
   if (!can_allocate(table, num_tokens)) return false;
   const int32_t target = blocks_for(num_tokens);
   while (static_cast<int32_t>(table.blocks.size()) < target) table.blocks.push_back(take_free_block());
-  const int32_t first = table.num_tokens / block_size_;
+  const int32_t first = std::max(table.num_tokens / block_size_, table.num_dropped);
   for (int32_t i = first; i < target; ++i) {
     set_fill(table.blocks[i], std::min(block_size_, num_tokens - i * block_size_));
   }
@@ -90,7 +91,7 @@ void BlockPool::make_clean(int32_t b) {
 
 void BlockPool::free(BlockTable& table) {
   // Tail first: a sequence's last blocks are the least likely to be shared, so evict them first.
-  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) {
+  for (auto it = table.blocks.rbegin(); it != table.blocks.rend() - table.num_dropped; ++it) {
     const int32_t b = *it;
     FANTAI_CHECK(b >= 0 && b < num_blocks_ && ref_counts_[b] > 0,
                  "free: block " << b << " is not owned (double free or foreign table)");
@@ -99,11 +100,28 @@ void BlockPool::free(BlockTable& table) {
   table.blocks.clear();
   table.num_tokens = 0;
   table.num_cached_blocks = 0;
+  table.num_dropped = 0;
+  table.dropped_uid = 0;
+}
+
+int32_t BlockPool::drop_before(BlockTable& table, int32_t first) {
+  first = std::min<int32_t>(first, static_cast<int32_t>(table.blocks.size()));
+  int32_t n = 0;
+  for (; table.num_dropped < first; ++table.num_dropped, ++n) {
+    int32_t& b = table.blocks[table.num_dropped];
+    FANTAI_CHECK(b >= 0 && b < num_blocks_ && ref_counts_[b] > 0,
+                 "drop_before: block " << b << " is not owned");
+    table.dropped_uid = uid_[b];
+    if (--ref_counts_[b] == 0) release(b);
+    b = -1;
+  }
+  return n;
 }
 
 void BlockPool::fork(const BlockTable& src, BlockTable& dst) {
   FANTAI_CHECK(dst.blocks.empty() && dst.num_tokens == 0, "fork: destination table is not empty");
-  for (int32_t b : src.blocks) {
+  for (size_t i = src.num_dropped; i < src.blocks.size(); ++i) {
+    const int32_t b = src.blocks[i];
     FANTAI_CHECK(b >= 0 && b < num_blocks_ && ref_counts_[b] > 0, "fork: block " << b << " is not owned");
     ++ref_counts_[b];
   }
@@ -172,9 +190,11 @@ int32_t BlockPool::num_evictable(const std::vector<int32_t>& blocks) const {
   return n;
 }
 
-void BlockPool::take_cached(BlockTable& table, const std::vector<int32_t>& blocks) {
+void BlockPool::take_cached(BlockTable& table, const std::vector<int32_t>& blocks, int32_t first) {
   FANTAI_CHECK(table.blocks.empty(), "take_cached: table is not empty");
-  for (int32_t b : blocks) {
+  first = std::min<int32_t>(std::max(first, 0), static_cast<int32_t>(blocks.size()));
+  for (size_t i = first; i < blocks.size(); ++i) {
+    const int32_t b = blocks[i];
     FANTAI_CHECK(key_[b] != 0, "take_cached: block " << b << " is not cached");
     if (ref_counts_[b]++ == 0) {
       lru_remove(b);
@@ -182,8 +202,11 @@ void BlockPool::take_cached(BlockTable& table, const std::vector<int32_t>& block
     }
   }
   table.blocks = blocks;
+  std::fill(table.blocks.begin(), table.blocks.begin() + first, -1);
   table.num_tokens = static_cast<int32_t>(blocks.size()) * block_size_;
   table.num_cached_blocks = static_cast<int32_t>(blocks.size());
+  table.num_dropped = first;
+  table.dropped_uid = first > 0 ? uid_[blocks[first - 1]] : 0;
 }
 
 void BlockPool::cache_full_blocks(BlockTable& table, const int32_t* tokens, int32_t num_computed) {
@@ -192,8 +215,10 @@ void BlockPool::cache_full_blocks(BlockTable& table, const int32_t* tokens, int3
                                          static_cast<int32_t>(table.blocks.size()));
   for (int32_t i = table.num_cached_blocks; i < full; ++i) {
     const int32_t b = table.blocks[i];
-    if (key_[b] != 0) continue;  // registered already (shared through a fork)
-    const uint64_t parent = i ? uid_[table.blocks[i - 1]] : 0;
+    if (b < 0 || key_[b] != 0) continue;  // dropped, or registered already (shared through a fork)
+    const uint64_t parent = i == 0                     ? 0
+                            : table.blocks[i - 1] >= 0 ? uid_[table.blocks[i - 1]]
+                                                       : table.dropped_uid;
     const int32_t* t = tokens + static_cast<size_t>(i) * block_size_;
     const uint64_t key = key_of(parent, t);
     if (cache_.count(key)) continue;  // same content cached elsewhere (or a collision): keep one
@@ -234,6 +259,7 @@ std::pair<int32_t, int32_t> BlockPool::copy_on_write(BlockTable& table, int32_t 
   const int32_t i = pos / block_size_;
   if (i >= static_cast<int32_t>(table.blocks.size())) return {-1, -1};
   const int32_t src = table.blocks[i];
+  FANTAI_CHECK(src >= 0, "copy_on_write: block " << i << " of the table was dropped");
   if (ref_counts_[src] <= 1) return {-1, -1};
   if (num_free_blocks() == 0) return {-2, -2};
   const int32_t dst = take_free_block();
@@ -257,11 +283,15 @@ void BlockPool::check_invariants(const std::vector<const BlockTable*>& live) con
     FANTAI_CHECK(static_cast<int32_t>(t->blocks.size()) == blocks_for(t->num_tokens),
                  "table holds " << t->blocks.size() << " blocks for " << t->num_tokens
                                 << " tokens (block_size " << block_size_ << ")");
-    std::vector<int32_t> mine = t->blocks;
+    FANTAI_CHECK(t->num_dropped >= 0 && t->num_dropped <= static_cast<int32_t>(t->blocks.size()),
+                 "table drops " << t->num_dropped << " of its " << t->blocks.size() << " blocks");
+    for (int32_t i = 0; i < t->num_dropped; ++i)
+      FANTAI_CHECK(t->blocks[i] == -1, "dropped block " << i << " of a table is " << t->blocks[i]);
+    std::vector<int32_t> mine(t->blocks.begin() + t->num_dropped, t->blocks.end());
     std::sort(mine.begin(), mine.end());
     FANTAI_CHECK(std::adjacent_find(mine.begin(), mine.end()) == mine.end(),
                  "a table references the same block twice");
-    for (size_t i = 0; i < t->blocks.size(); ++i) {
+    for (size_t i = t->num_dropped; i < t->blocks.size(); ++i) {
       const int32_t b = t->blocks[i];
       FANTAI_CHECK(b >= 0 && b < num_blocks_, "table references block " << b << " out of range");
       ++refs[b];

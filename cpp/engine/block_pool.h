@@ -1,5 +1,6 @@
-// engine: the paged KV block pool (free list, per-sequence block tables, reference counts) with
-// automatic prefix caching (content-addressed full blocks, LRU eviction) and copy-on-write.
+// engine: one attention kind's paged KV block pool (free list, per-sequence block tables,
+// reference counts) with automatic prefix caching (content-addressed full blocks, LRU eviction),
+// copy-on-write, and the dropping of blocks a sliding window has left behind.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +12,16 @@
 namespace fantai::engine {
 
 // Logical block i of a sequence lives in physical block blocks[i]; the table holds exactly
-// ceil(num_tokens / block_size) blocks, so waste is under one block per sequence.
+// ceil(num_tokens / block_size) entries, so waste is under one block per sequence. In a sliding
+// window's pool the leading blocks no query can see any more are given back: their entries are
+// -1 (the table keeps its logical indexing, so slot = blocks[pos / block_size] still holds).
 struct BlockTable {
   std::vector<int32_t> blocks;
   int32_t num_tokens = 0;         // token slots this sequence uses
   int32_t num_cached_blocks = 0;  // leading full blocks registered in (or taken from) the cache
+  int32_t num_dropped = 0;        // blocks[0, num_dropped) are -1
+  uint64_t dropped_uid = 0;       // cache identity of the last dropped block (its child's key)
+  int32_t num_live() const { return static_cast<int32_t>(blocks.size()) - num_dropped; }
 };
 
 struct BlockStats {
@@ -55,6 +61,9 @@ class BlockPool {
   // Releases every block of `table` (decrements ref counts) and empties it. Idempotent. Cached
   // blocks go to the LRU tail, the table's last blocks first (a sequence's tail is least shared).
   void free(BlockTable& table);
+  // Releases the table's blocks before logical block `first` (they become -1), oldest first: a
+  // window has passed them. Returns how many it released.
+  int32_t drop_before(BlockTable& table, int32_t first);
   // Makes `dst` share all of `src`'s blocks (ref counts +1). dst must be empty.
   void fork(const BlockTable& src, BlockTable& dst);
   int32_t ref_count(int32_t block) const { return ref_counts_[block]; }
@@ -65,8 +74,9 @@ class BlockPool {
   std::vector<int32_t> find_cached_prefix(const int32_t* tokens, int32_t max_tokens) const;
   // Free blocks that taking `blocks` would consume (those sitting evictable in the cache).
   int32_t num_evictable(const std::vector<int32_t>& blocks) const;
-  // Puts cached `blocks` (from find_cached_prefix) into the empty `table` with a reference each.
-  void take_cached(BlockTable& table, const std::vector<int32_t>& blocks);
+  // Puts cached `blocks` (from find_cached_prefix) into the empty `table`, a reference each to
+  // blocks[first, size): the first `first` ones (before a window) enter as dropped.
+  void take_cached(BlockTable& table, const std::vector<int32_t>& blocks, int32_t first = 0);
   // Registers the table's full blocks covering tokens[0, num_computed) in the cache.
   void cache_full_blocks(BlockTable& table, const int32_t* tokens, int32_t num_computed);
   // Counts a lookup of `queried` tokens of which `hit` were cached (stats only).

@@ -1,6 +1,6 @@
 // engine: the step: schedule → run → sample → postprocess (finish and free in the same step).
-// Just over 400 lines: add / abort / step and the postprocess they share (finish reasons, stop
-// ids, n > 1 siblings) read best together.
+// Over 400 lines: add / abort / step and the postprocess they share (finish reasons, stop ids,
+// n > 1 siblings) read best together, beside the KV pools' sizing per attention kind.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -21,6 +21,43 @@ double now_seconds() {
 
 }  // namespace
 
+std::string kv_kind_name(int32_t window) {
+  return window > 0 ? "sliding_window_" + std::to_string(window) : "full";
+}
+
+namespace {
+
+// Blocks per kind for `bytes` of pool. Every kind gets as many blocks, so the same sequences fit in
+// each (a window kind never needs more blocks than full attention does for the same tokens),
+// except that a window kind gets no more than max_num_seqs sequences can hold in it at once; what
+// that saves goes to the full-attention kind, when there is one.
+std::vector<int32_t> split_kv_blocks(const model::ModelConfig& mc, const std::vector<int32_t>& windows,
+                                     int64_t bytes, DType kv_dtype, const EngineConfig& cfg) {
+  const int kinds = static_cast<int>(windows.size());
+  std::vector<int64_t> per(kinds);
+  int64_t all = 0;
+  for (int k = 0; k < kinds; ++k) {
+    per[k] = static_cast<int64_t>(model::KVCache::kind_bytes_per_block(mc, cfg.block_size, kv_dtype, k));
+    all += per[k];
+  }
+  const int64_t cap = 1 << 30;
+  const int64_t equal = std::min<int64_t>(bytes / all, cap);
+  std::vector<int32_t> n(kinds, static_cast<int32_t>(equal));
+  if (kinds == 1 || windows[0] != 0) return n;  // no full-attention kind to give memory to
+  int64_t windows_bytes = 0;
+  for (int k = 1; k < kinds; ++k) {
+    const int64_t most = int64_t{cfg.max_num_seqs} *
+                         BlockManager::window_peak_blocks(windows[k], cfg.block_size, cfg.max_model_len,
+                                                          cfg.max_num_batched_tokens);
+    n[k] = static_cast<int32_t>(std::min(equal, most));
+    windows_bytes += n[k] * per[k];
+  }
+  n[0] = static_cast<int32_t>(std::min<int64_t>((bytes - windows_bytes) / per[0], cap));
+  return n;
+}
+
+}  // namespace
+
 int64_t default_kv_cache_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -37,7 +74,6 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
     : model_(std::move(model)), config_(std::move(config)), rng_(config_.seed) {
   const model::ModelConfig& mc = model_->config();
   if (config_.max_model_len <= 0) config_.max_model_len = mc.max_position_embeddings;
-  if (mc.sliding_window > 0) config_.max_model_len = std::min(config_.max_model_len, mc.sliding_window);
   FANTAI_REQUIRE(config_.max_model_len <= mc.max_position_embeddings,
                  "max_model_len " << config_.max_model_len << " exceeds the model's "
                                   << mc.max_position_embeddings << " positions");
@@ -48,9 +84,11 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
   FANTAI_REQUIRE(config_.max_num_seqs >= 1, "max_num_seqs must be at least 1");
   if (config_.eos_token_ids.empty()) config_.eos_token_ids = mc.eos_token_ids;
   const DType kv_dtype = dtype_from_name(config_.kv_cache_dtype);
+  const std::vector<int32_t> windows = model::KVCache::kind_windows(mc);
+  const int kinds = static_cast<int>(windows.size());
   const size_t per_block = model::KVCache::bytes_per_block(mc, config_.block_size, kv_dtype);
-  int32_t num_blocks = config_.num_blocks;
-  if (num_blocks <= 0) {
+  std::vector<int32_t> num_blocks(kinds, config_.num_blocks);
+  if (config_.num_blocks <= 0) {
     // A device backend sizes the pool from its own free memory (weights already loaded).
     const int64_t device_free = model_->backend()->free_memory();
     const int64_t bytes = config_.kv_cache_bytes > 0 ? config_.kv_cache_bytes
@@ -59,19 +97,29 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
     // Each layer's K and V buffers start 64-byte aligned and int8 scales start aligned after the
     // values: up to 2 x 63 bytes of padding per buffer, kept out of the blocks' share.
     const int64_t padding = int64_t{2} * 2 * 64 * mc.num_layers;
-    num_blocks = static_cast<int32_t>(
-        std::min<int64_t>(std::max<int64_t>(bytes - padding, 0) / static_cast<int64_t>(per_block), 1 << 30));
+    const int64_t avail = std::max<int64_t>(bytes - padding, 0);
+    num_blocks = split_kv_blocks(mc, windows, avail, kv_dtype, config_);
   }
-  FANTAI_REQUIRE(num_blocks >= 1, "kv_cache_memory is smaller than one KV block (" << per_block << " bytes)");
-  blocks_ = std::make_unique<BlockPool>(num_blocks, config_.block_size, config_.enable_prefix_caching);
+  for (int k = 0; k < kinds; ++k)
+    FANTAI_REQUIRE(num_blocks[k] >= 1,
+                   "kv_cache_memory is smaller than one KV block (" << per_block << " bytes)");
+  std::vector<BlockPoolSpec> pools;
+  for (int k = 0; k < kinds; ++k) pools.push_back({num_blocks[k], windows[k]});
+  blocks_ = std::make_unique<BlockManager>(pools, config_.block_size, config_.enable_prefix_caching);
   cache_ = std::make_unique<model::KVCache>(mc, num_blocks, config_.block_size, kv_dtype, model_->backend());
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},
       blocks_.get());
   runner_ = std::make_unique<ModelRunner>(model_, cache_.get());
-  FANTAI_LOG(kInfo, "KV pool: " << num_blocks << " blocks x " << config_.block_size
-                                << " tokens = " << int64_t{num_blocks} * config_.block_size << " tokens, "
-                                << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
+  for (int k = 0; k < kinds; ++k) {
+    FANTAI_LOG(kInfo,
+               "KV pool" << (kinds > 1 ? " of " + kv_kind_name(windows[k]) : std::string()) << ": "
+                         << num_blocks[k] << " blocks x " << config_.block_size
+                         << " tokens = " << int64_t{num_blocks[k]} * config_.block_size << " tokens over "
+                         << cache_->kind_num_layers(k) << " layers"
+                         << (windows[k] > 0 ? ", window " + std::to_string(windows[k]) : std::string()));
+  }
+  FANTAI_LOG(kInfo, "KV cache: " << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
 }
 
 void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling::SamplingParams& p) const {
@@ -86,9 +134,18 @@ void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling
   FANTAI_REQUIRE(n + 1 <= config_.max_model_len,
                  "the prompt has " << n << " tokens; this model's context (max_model_len) is "
                                    << config_.max_model_len << " tokens");
-  const int64_t pool_tokens = int64_t{blocks_->num_blocks()} * blocks_->block_size();
-  FANTAI_REQUIRE(n + 1 <= pool_tokens,
-                 "the prompt has " << n << " tokens but the KV pool holds only " << pool_tokens << " tokens");
+  // Every kind must hold the sequence's peak: all its blocks (full attention), or the largest
+  // chunk and the window before it (a window kind, which gives back what the window passed).
+  const int32_t chunk = static_cast<int32_t>(std::min<int64_t>(n + 1, config_.max_num_batched_tokens));
+  for (int k = 0; k < blocks_->num_kinds(); ++k) {
+    const int32_t need = blocks_->peak_blocks(k, static_cast<int32_t>(n + 1), chunk);
+    const int64_t pool_tokens = int64_t{blocks_->pool(k).num_blocks()} * blocks_->block_size();
+    FANTAI_REQUIRE(
+        need <= blocks_->pool(k).num_blocks(),
+        "the prompt has " << n << " tokens but the KV pool"
+                          << (blocks_->num_kinds() > 1 ? " of " + kv_kind_name(blocks_->window(k)) : "")
+                          << " holds only " << pool_tokens << " tokens");
+  }
 }
 
 void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
@@ -152,21 +209,26 @@ int32_t Engine::reset_prefix_cache() { return blocks_->reset_prefix_cache(); }
 int32_t Engine::release_memory() {
   const int32_t keep = config_.release_keep_cached_blocks >= 0 ? config_.release_keep_cached_blocks
                                                                : blocks_->num_blocks() / 8;
-  blocks_->trim_cache(keep);
-  // Runs of consecutive clean blocks: one release per run and layer.
-  int32_t released = 0, run_start = -1, prev = -2;
-  auto flush = [&] {
-    if (run_start >= 0) cache_->release_blocks(run_start, prev - run_start + 1, model_->backend());
-  };
-  for (int32_t b : blocks_->clean_blocks()) {
-    if (b != prev + 1) {
-      flush();
-      run_start = b;
+  int32_t released = 0;
+  for (int k = 0; k < blocks_->num_kinds(); ++k) {
+    BlockPool& pool = blocks_->pool(k);
+    // Each kind keeps its share of `keep` (all of it when there is one kind).
+    pool.trim_cache(static_cast<int32_t>(int64_t{keep} * pool.num_blocks() / blocks_->num_blocks()));
+    // Runs of consecutive clean blocks: one release per run and layer.
+    int32_t run_start = -1, prev = -2;
+    auto flush = [&] {
+      if (run_start >= 0) cache_->release_blocks(k, run_start, prev - run_start + 1, model_->backend());
+    };
+    for (int32_t b : pool.clean_blocks()) {
+      if (b != prev + 1) {
+        flush();
+        run_start = b;
+      }
+      prev = b;
+      ++released;
     }
-    prev = b;
-    ++released;
+    flush();
   }
-  flush();
   counters_.num_releases++;
   return released;
 }
@@ -183,7 +245,7 @@ void Engine::fork_siblings(Request* parent, std::vector<Request*>* children) {
     c->arrival_time = parent->arrival_time;
     c->first_scheduled_time = parent->first_scheduled_time;
     c->num_computed_tokens = parent->num_computed_tokens;
-    blocks_->fork(parent->block_table, c->block_table);
+    blocks_->fork(parent->block_tables, c->block_tables);
     scheduler_->add_running(c.get());
     children->push_back(c.get());
     requests_.emplace(sid, std::move(c));
@@ -371,7 +433,18 @@ EngineStats Engine::stats() const {
   s.used_slots = blocks_->used_slots();
   s.allocated_slots = blocks_->allocated_slots();
   s.num_preemptions = scheduler_->num_preemptions();
-  const BlockStats& b = blocks_->stats();
+  for (int k = 0; k < blocks_->num_kinds(); ++k) {
+    const BlockPool& pool = blocks_->pool(k);
+    KVKindStats ks;
+    ks.window = blocks_->window(k);
+    ks.num_layers = cache_->kind_num_layers(k);
+    ks.num_total_blocks = pool.num_blocks();
+    ks.num_free_blocks = pool.num_free_blocks();
+    ks.num_cached_blocks = pool.num_cached_blocks();
+    ks.used_slots = pool.used_slots();
+    s.kv_kinds.push_back(ks);
+  }
+  const BlockStats b = blocks_->stats();
   s.num_cached_blocks = blocks_->num_cached_blocks();
   s.prefix_queries = b.prefix_queries;
   s.prefix_hits = b.prefix_hits;
@@ -387,18 +460,26 @@ EngineSnapshot Engine::snapshot() const {
   const int32_t n = blocks_->num_blocks();
   snap.ref_counts.resize(n);
   snap.block_states.resize(n);
-  for (int32_t b = 0; b < n; ++b) {
-    const int32_t refs = blocks_->ref_count(b);
-    snap.ref_counts[b] = refs;
-    snap.block_states[b] = refs > 0 ? EngineSnapshot::kUsed : EngineSnapshot::kCached;
+  // The kinds' pools side by side: kind k's block b is entry offset[k] + b.
+  std::vector<int32_t> offset(blocks_->num_kinds(), 0);
+  for (int k = 0; k < blocks_->num_kinds(); ++k) {
+    const BlockPool& pool = blocks_->pool(k);
+    offset[k] = k ? offset[k - 1] + blocks_->pool(k - 1).num_blocks() : 0;
+    for (int32_t b = 0; b < pool.num_blocks(); ++b) {
+      const int32_t refs = pool.ref_count(b);
+      snap.ref_counts[offset[k] + b] = refs;
+      snap.block_states[offset[k] + b] = refs > 0 ? EngineSnapshot::kUsed : EngineSnapshot::kCached;
+    }
+    // Unowned blocks are cached unless clean: one pass over the clean set, no per-block lookup.
+    for (int32_t b : pool.clean_blocks()) snap.block_states[offset[k] + b] = EngineSnapshot::kClean;
   }
-  // Unowned blocks are cached unless clean: one pass over the clean set, no per-block lookup.
-  for (int32_t b : blocks_->clean_blocks()) snap.block_states[b] = EngineSnapshot::kClean;
-  auto add = [&snap](const Request* r, bool running) {
+  auto add = [&snap, &offset](const Request* r, bool running) {
     RequestSnapshot rs;
     rs.id = r->id;
     rs.running = running;
-    rs.block_table = r->block_table.blocks;
+    for (size_t k = 0; k < r->block_tables.kinds.size(); ++k)
+      for (int32_t b : r->block_tables.kinds[k].blocks)
+        if (b >= 0) rs.block_table.push_back(offset[k] + b);
     rs.num_tokens = r->num_tokens();
     rs.num_prompt_tokens = static_cast<int32_t>(r->prompt.size());
     rs.num_computed_tokens = r->num_computed_tokens;

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/block_pool.h"
+#include "engine/block_manager.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -53,9 +53,18 @@ struct StepOutput {
   double queue_seconds = -1.0;  // arrival to first scheduled, on the first token's output
 };
 
+// One attention kind's KV pool (full attention, or one sliding window).
+struct KVKindStats {
+  int32_t window = 0;  // 0: full attention
+  int32_t num_layers = 0;
+  int64_t num_total_blocks = 0, num_free_blocks = 0, num_cached_blocks = 0, used_slots = 0;
+};
+
 struct EngineStats {
   int64_t num_running = 0, num_waiting = 0;
+  // Block counts are sums over the attention kinds' pools; kv_kinds has each.
   int64_t num_free_blocks = 0, num_total_blocks = 0, block_size = 0;
+  std::vector<KVKindStats> kv_kinds;
   int64_t used_slots = 0, allocated_slots = 0;
   int64_t num_preemptions = 0, num_steps = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;  // computed so far (prefill incl. recompute)
@@ -78,15 +87,18 @@ struct EngineStats {
 // One live request as an observer (the dashboard) sees it: where its KV lives, how far it got.
 struct RequestSnapshot {
   uint64_t id = 0;
-  bool running = false;              // false: waiting (not yet admitted, or preempted)
-  std::vector<int32_t> block_table;  // [ceil(num_tokens / block_size)] logical i -> physical
-  int32_t num_tokens = 0;            // prompt + output so far
+  bool running = false;  // false: waiting (not yet admitted, or preempted)
+  // Its blocks in logical order, kind after kind, as EngineSnapshot numbers them (a window kind's
+  // dropped blocks left out); one kind: [ceil(num_tokens / block_size)] logical i -> physical.
+  std::vector<int32_t> block_table;
+  int32_t num_tokens = 0;  // prompt + output so far
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
   int32_t num_preemptions = 0;
 };
 
 // A copy of the block pool and the queues at one instant. Built by the thread that steps.
+// The attention kinds' pools side by side: kind k's block b is entry b + the sizes of kinds < k.
 struct EngineSnapshot {
   enum BlockState : uint8_t { kClean = 0, kCached = 1, kUsed = 2 };
   std::vector<uint8_t> block_states;      // [num_blocks] BlockState
@@ -124,7 +136,7 @@ class Engine {
 
   const EngineConfig& config() const { return config_; }
   const model::ModelConfig& model_config() const { return model_->config(); }
-  const BlockPool& block_manager() const { return *blocks_; }
+  const BlockManager& block_manager() const { return *blocks_; }
   size_t kv_cache_bytes() const { return cache_->bytes(); }
   size_t kv_resident_bytes() const { return cache_->resident_bytes(); }
 
@@ -143,7 +155,7 @@ class Engine {
 
   std::shared_ptr<model::Model> model_;
   EngineConfig config_;
-  std::unique_ptr<BlockPool> blocks_;
+  std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<model::KVCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
@@ -153,6 +165,9 @@ class Engine {
   EngineStats counters_;
   double last_sample_s_ = 0.0;  // the sampler's share of the current step
 };
+
+// "full" or "sliding_window_<W>": an attention kind's name in stats and metrics.
+std::string kv_kind_name(int32_t window);
 
 // Bytes for the KV pool when none is given: 25% of MemAvailable, capped at 4 GiB, so the
 // machine stays usable (PagedAttention needs no over-reservation; pages are touched lazily).

@@ -1,5 +1,5 @@
 // engine: per-step metadata build (the paging vocabulary: block_table, slot_mapping, context_lens,
-// cu_seqlens_q) and the forward call.
+// cu_seqlens_q; tables and slots once per KV kind) and the forward call.
 #include "engine/model_runner.h"
 
 #include <algorithm>
@@ -15,29 +15,43 @@ ModelRunner::ModelRunner(std::shared_ptr<model::Model> model, model::KVCache* ca
 void ModelRunner::prepare(const ScheduledBatch& batch) {
   const int32_t bs = cache_->layout().block_size;
   const int32_t num_seqs = static_cast<int32_t>(batch.seqs.size());
+  const int kinds = cache_->num_kinds();
   token_ids_.clear();
   positions_.clear();
-  slot_mapping_.clear();
   logits_indices_.clear();
   cu_seqlens_q_.assign(1, 0);
   context_lens_.clear();
   int32_t max_blocks = 1, max_q = 0, max_ctx = 0;
   for (const ScheduledSeq& s : batch.seqs) {
-    max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(s.request->block_table.blocks.size()));
+    FANTAI_CHECK(static_cast<int>(s.request->block_tables.kinds.size()) == kinds,
+                 "request " << s.request->id << " has tables for " << s.request->block_tables.kinds.size()
+                            << " KV kinds, the cache " << kinds);
+    max_blocks = std::max<int32_t>(max_blocks,
+                                   static_cast<int32_t>(s.request->block_tables.kinds[0].blocks.size()));
   }
-  block_tables_.assign(static_cast<size_t>(num_seqs) * max_blocks, 0);
+  for (int k = 0; k < kinds; ++k) {
+    slot_mapping_[k].clear();
+    // -1 past a sequence's blocks (and where a window kind dropped them): never read.
+    block_tables_[k].assign(static_cast<size_t>(num_seqs) * max_blocks, -1);
+  }
   for (int32_t i = 0; i < num_seqs; ++i) {
     const ScheduledSeq& s = batch.seqs[i];
     const Request& r = *s.request;
-    const auto& blocks = r.block_table.blocks;
-    FANTAI_CHECK(static_cast<int32_t>(blocks.size()) * bs >= s.start + s.num_new_tokens,
-                 "request " << r.id << " scheduled without KV slots");
+    for (int k = 0; k < kinds; ++k) {
+      const auto& blocks = r.block_tables.kinds[k].blocks;
+      FANTAI_CHECK(static_cast<int32_t>(blocks.size()) * bs >= s.start + s.num_new_tokens,
+                   "request " << r.id << " scheduled without KV slots");
+      for (int32_t p = s.start; p < s.start + s.num_new_tokens; ++p) {
+        FANTAI_CHECK(blocks[p / bs] >= 0,
+                     "request " << r.id << " writes position " << p << " into a dropped block");
+        slot_mapping_[k].push_back(static_cast<int64_t>(blocks[p / bs]) * bs + p % bs);
+      }
+      std::copy(blocks.begin(), blocks.end(), block_tables_[k].begin() + static_cast<size_t>(i) * max_blocks);
+    }
     for (int32_t p = s.start; p < s.start + s.num_new_tokens; ++p) {
       token_ids_.push_back(r.token_at(p));
       positions_.push_back(p);
-      slot_mapping_.push_back(static_cast<int64_t>(blocks[p / bs]) * bs + p % bs);
     }
-    std::copy(blocks.begin(), blocks.end(), block_tables_.begin() + static_cast<size_t>(i) * max_blocks);
     cu_seqlens_q_.push_back(static_cast<int32_t>(token_ids_.size()));
     context_lens_.push_back(s.start + s.num_new_tokens);
     if (s.sample) logits_indices_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
@@ -47,24 +61,27 @@ void ModelRunner::prepare(const ScheduledBatch& batch) {
   fb_.num_tokens = static_cast<int32_t>(token_ids_.size());
   fb_.token_ids = token_ids_.data();
   fb_.positions = positions_.data();
-  fb_.slot_mapping = slot_mapping_.data();
   fb_.logits_indices = logits_indices_.data();
   fb_.num_logits = static_cast<int32_t>(logits_indices_.size());
-  AttentionParams& a = fb_.attn;
-  a.num_seqs = num_seqs;
-  a.num_tokens = fb_.num_tokens;
-  a.max_query_len = max_q;
-  a.max_context_len = max_ctx;
-  a.cu_seqlens_q = cu_seqlens_q_.data();
-  a.context_lens = context_lens_.data();
-  a.block_tables = block_tables_.data();
-  a.max_blocks_per_seq = max_blocks;
+  fb_.num_kv_kinds = kinds;
+  for (int k = 0; k < kinds; ++k) {
+    fb_.slot_mapping[k] = slot_mapping_[k].data();
+    AttentionParams& a = fb_.attn[k];
+    a.num_seqs = num_seqs;
+    a.num_tokens = fb_.num_tokens;
+    a.max_query_len = max_q;
+    a.max_context_len = max_ctx;
+    a.cu_seqlens_q = cu_seqlens_q_.data();
+    a.context_lens = context_lens_.data();
+    a.block_tables = block_tables_[k].data();
+    a.max_blocks_per_seq = max_blocks;
+  }
 }
 
 const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
-  for (const auto& [src, dst] : batch.block_copies) cache_->copy_block(src, dst, model_->backend());
+  for (const BlockCopy& c : batch.block_copies) cache_->copy_block(c.kind, c.src, c.dst, model_->backend());
   last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   logits_.resize(static_cast<size_t>(fb_.num_logits) * model_->config().vocab_size);
   model_->forward(fb_, *cache_, logits_.data());
@@ -76,7 +93,7 @@ bool ModelRunner::run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* 
   if (!model_->samples_greedy_on_backend()) return false;
   const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
-  for (const auto& [src, dst] : batch.block_copies) cache_->copy_block(src, dst, model_->backend());
+  for (const BlockCopy& c : batch.block_copies) cache_->copy_block(c.kind, c.src, c.dst, model_->backend());
   last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tokens->assign(fb_.num_logits, -1);
   logprobs->assign(fb_.num_logits, 0.0f);

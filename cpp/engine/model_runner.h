@@ -1,5 +1,6 @@
-// engine: turns a ScheduledBatch into the model's ForwardBatch (token ids, positions, slots,
-// block tables) once per step, runs the forward pass and returns the logits rows to sample.
+// engine: turns a ScheduledBatch into the model's ForwardBatch (token ids, positions, and per KV
+// kind the slots and block tables) once per step, runs the forward pass and returns the logits
+// rows to sample.
 // NOTE: it lives in engine/ (not model/) so that model/ never depends on scheduler types.
 #pragma once
 
@@ -30,10 +31,11 @@ class ModelRunner {
 
   std::shared_ptr<model::Model> model_;
   model::KVCache* cache_;
-  // Host staging reused across steps.
-  std::vector<int32_t> token_ids_, positions_, cu_seqlens_q_, context_lens_, block_tables_;
+  // Host staging reused across steps; tables and slots per KV kind.
+  std::vector<int32_t> token_ids_, positions_, cu_seqlens_q_, context_lens_;
+  std::vector<int32_t> block_tables_[model::kMaxKvKinds];
   std::vector<int32_t> logits_indices_;
-  std::vector<int64_t> slot_mapping_;
+  std::vector<int64_t> slot_mapping_[model::kMaxKvKinds];
   std::vector<float> logits_;
   model::ForwardBatch fb_;
   double last_prepare_s_ = 0.0;

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/block_pool.h"
+#include "engine/block_manager.h"
 #include "sampling/sampling_params.h"
 
 namespace fantai::engine {
@@ -25,7 +25,7 @@ struct Request {
   // Tokens whose K/V are in the cache. A running decode has num_computed == num_tokens() - 1
   // (the last sampled token is fed next step). Preemption by recomputation resets it to 0.
   int32_t num_computed_tokens = 0;
-  BlockTable block_table;
+  BlockTables block_tables;  // one per attention kind
   int32_t num_preemptions = 0;
   std::mt19937_64 rng;        // per-request, so seeded output is batch independent
   double arrival_time = 0.0;  // seconds, steady clock

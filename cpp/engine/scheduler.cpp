@@ -19,8 +19,8 @@ bool is_decode(const ScheduledSeq& s) { return s.start >= static_cast<int32_t>(s
 
 }  // namespace
 
-Scheduler::Scheduler(SchedulerConfig config, BlockPool* blocks) : config_(config), blocks_(blocks) {
-  FANTAI_REQUIRE(blocks_ != nullptr, "Scheduler needs a BlockPool");
+Scheduler::Scheduler(SchedulerConfig config, BlockManager* blocks) : config_(config), blocks_(blocks) {
+  FANTAI_REQUIRE(blocks_ != nullptr, "Scheduler needs a BlockManager");
   FANTAI_REQUIRE(config_.max_num_seqs >= 1, "max_num_seqs must be >= 1, got " << config_.max_num_seqs);
   FANTAI_REQUIRE(config_.max_num_batched_tokens >= 1,
                  "max_num_batched_tokens must be >= 1, got " << config_.max_num_batched_tokens);
@@ -35,8 +35,7 @@ void gather_tokens(const Request& r, int32_t n, std::vector<int32_t>* out) {
 }
 
 void Scheduler::add_running(Request* request) {
-  FANTAI_CHECK(request != nullptr && !request->block_table.blocks.empty(),
-               "add_running: request holds no blocks");
+  FANTAI_CHECK(request != nullptr && !request->block_tables.empty(), "add_running: request holds no blocks");
   request->status = RequestStatus::kRunning;
   running_.push_back(request);
 }
@@ -45,7 +44,7 @@ void Scheduler::add(Request* request) {
   FANTAI_REQUIRE(request != nullptr, "Scheduler::add: null request");
   // An empty prompt would give a zero-token chunk, which no step can make progress on.
   FANTAI_REQUIRE(!request->prompt.empty(), "request " << request->id << " has an empty prompt");
-  FANTAI_CHECK(request->block_table.blocks.empty() && request->num_computed_tokens == 0,
+  FANTAI_CHECK(request->block_tables.empty() && request->num_computed_tokens == 0,
                "request " << request->id << " is added with cache state");
   request->status = RequestStatus::kWaiting;
   request->finish_reason = FinishReason::kNone;
@@ -88,9 +87,10 @@ void Scheduler::schedule_running(ScheduledBatch& batch) {
 bool Scheduler::grow_or_preempt(Request* request, int32_t num_tokens, ScheduledBatch& batch) {
   for (;;) {
     // A block shared since a fork gets a private copy before this step writes into it.
-    const auto cow = blocks_->copy_on_write(request->block_table, request->num_computed_tokens);
-    if (cow.first >= 0) batch.block_copies.push_back(cow);
-    if (cow.first != -2 && blocks_->allocate(request->block_table, num_tokens)) break;
+    const int32_t start = request->num_computed_tokens;
+    if (blocks_->copy_on_write(request->block_tables, start, &batch.block_copies) &&
+        blocks_->allocate(request->block_tables, start, num_tokens))
+      break;
     Request* victim = running_.back();
     if (victim != request) {
       preempt(victim, batch);
@@ -115,14 +115,13 @@ void Scheduler::admit_waiting(ScheduledBatch& batch) {
     Request* r = waiting_.front();
     // Longest cached prefix of full blocks; at least the last token is always computed, since
     // its logits are needed.
-    std::vector<int32_t> cached;
-    const bool fresh = r->block_table.blocks.empty() && blocks_->prefix_caching();
+    PrefixHit hit;
+    const bool fresh = r->block_tables.empty() && blocks_->prefix_caching();
     if (fresh) {
       gather_tokens(*r, r->num_tokens(), &tokens_);
-      cached = blocks_->find_cached_prefix(tokens_.data(), r->num_tokens() - 1);
+      hit = blocks_->find_cached_prefix(tokens_.data(), r->num_tokens() - 1);
     }
-    const int32_t computed = fresh ? static_cast<int32_t>(cached.size()) * blocks_->block_size()
-                                   : r->num_computed_tokens;
+    const int32_t computed = fresh ? hit.num_blocks * blocks_->block_size() : r->num_computed_tokens;
     const int32_t remaining = r->num_tokens() - computed;
     const int32_t n = std::min(remaining, budget_left(batch));
     // Without chunked prefill the remainder must fit whole, unless it is longer than any budget
@@ -130,16 +129,14 @@ void Scheduler::admit_waiting(ScheduledBatch& batch) {
     if (!config_.enable_chunked_prefill && n < remaining && remaining <= config_.max_num_batched_tokens) {
       break;
     }
-    const int32_t new_blocks = blocks_->blocks_for(computed + n) -
-                               static_cast<int32_t>(r->block_table.blocks.size()) -
-                               static_cast<int32_t>(cached.size());
-    const bool fits = blocks_->num_evictable(cached) + new_blocks <= blocks_->num_free_blocks();
+    // Every kind must fit (all or nothing): the hit's blocks each kind still needs, and the chunk.
+    const bool fits = fresh ? blocks_->take_cached_and_allocate(r->block_tables, hit, computed + n)
+                            : blocks_->allocate(r->block_tables, computed, computed + n);
     if (fits && fresh) {
-      blocks_->take_cached(r->block_table, cached);
       r->num_computed_tokens = computed;
       blocks_->record_lookup(r->num_tokens(), computed);
     }
-    if (!fits || !blocks_->allocate(r->block_table, computed + n)) {
+    if (!fits) {
       if (!running_.empty()) break;  // blocks come back as running requests finish
       // Nothing holds blocks that could come back and the full budget was offered: this
       // sequence can never start, so finish it rather than block the queue forever.
@@ -179,7 +176,7 @@ void Scheduler::remove_from_batch(Request* request, ScheduledBatch& batch) const
 void Scheduler::preempt(Request* request, ScheduledBatch& batch) {
   remove_from_queues(request);
   remove_from_batch(request, batch);
-  blocks_->free(request->block_table);
+  blocks_->free(request->block_tables);
   // Recompute, not swap: the prompt and the generated tokens are kept and re-prefilled later.
   request->num_computed_tokens = 0;
   request->status = RequestStatus::kWaiting;
@@ -193,7 +190,7 @@ void Scheduler::preempt(Request* request, ScheduledBatch& batch) {
 void Scheduler::finish_out_of_blocks(Request* request, ScheduledBatch& batch) {
   remove_from_queues(request);
   remove_from_batch(request, batch);
-  blocks_->free(request->block_table);
+  blocks_->free(request->block_tables);
   request->status = RequestStatus::kFinished;
   request->finish_reason = FinishReason::kLength;
   batch.finished_out_of_blocks.push_back(request);
@@ -221,14 +218,16 @@ void Scheduler::on_step_done(const ScheduledBatch& batch) {
                                                                << r->num_computed_tokens
                                                                << " tokens, chunk starts at " << s.start);
     r->num_computed_tokens += s.num_new_tokens;
-    FANTAI_CHECK(r->block_table.num_tokens == r->num_computed_tokens,
-                 "request " << r->id << " table holds " << r->block_table.num_tokens << " slots for "
+    FANTAI_CHECK(r->block_tables.num_tokens() == r->num_computed_tokens,
+                 "request " << r->id << " table holds " << r->block_tables.num_tokens() << " slots for "
                             << r->num_computed_tokens << " computed tokens");
     if (blocks_->prefix_caching() &&
-        r->num_computed_tokens / blocks_->block_size() > r->block_table.num_cached_blocks) {
+        r->num_computed_tokens / blocks_->block_size() > r->block_tables.num_cached_blocks()) {
       gather_tokens(*r, r->num_computed_tokens, &tokens_);
-      blocks_->cache_full_blocks(r->block_table, tokens_.data(), r->num_computed_tokens);
+      blocks_->cache_full_blocks(r->block_tables, tokens_.data(), r->num_computed_tokens);
     }
+    // Registered first (a dropped block keeps its content for prefix hits until evicted).
+    blocks_->drop_invisible(r->block_tables, r->num_computed_tokens);
   }
 }
 
@@ -236,14 +235,14 @@ void Scheduler::finish(Request* request, FinishReason reason) {
   FANTAI_CHECK(request != nullptr, "Scheduler::finish: null request");
   if (request->finished()) return;  // e.g. already finished out of blocks: keep the first reason
   remove_from_queues(request);
-  blocks_->free(request->block_table);
+  blocks_->free(request->block_tables);
   request->status = RequestStatus::kFinished;
   request->finish_reason = reason;
 }
 
 bool Scheduler::abort(Request* request) {
   if (request == nullptr || !remove_from_queues(request)) return false;
-  blocks_->free(request->block_table);
+  blocks_->free(request->block_tables);
   request->status = RequestStatus::kFinished;
   request->finish_reason = FinishReason::kAbort;
   return true;

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/block_pool.h"
+#include "engine/block_manager.h"
 #include "engine/request.h"
 
 namespace fantai::engine {
@@ -34,21 +34,24 @@ struct ScheduledBatch {
   // Running requests that could not grow even with every other request preempted (the pool is
   // smaller than one sequence): finished with FinishReason::kLength, blocks freed.
   std::vector<Request*> finished_out_of_blocks;
-  // {src, dst} physical blocks whose KV must be copied before this step's forward (copy-on-write
-  // of a block shared after a fork, made private before the first write into it).
-  std::vector<std::pair<int32_t, int32_t>> block_copies;
+  // Blocks whose KV must be copied before this step's forward (copy-on-write of a block shared
+  // after a fork, made private before the first write into it), in their kind's pool.
+  std::vector<BlockCopy> block_copies;
   bool empty() const { return seqs.empty(); }
 };
 
 // FCFS. Each schedule(): (1) every running request gets its next tokens (decode: 1; a partial
-// prefill: the rest of its prompt up to the budget), allocating blocks; when the pool is short the
+// prefill: the rest of its prompt up to the budget), allocating blocks in every attention kind's
+// pool (a window kind first gives back what the chunk cannot see); when a pool is short the
 // most recently admitted running request is preempted (blocks freed, num_computed_tokens = 0, put
 // at the head of the waiting queue) until the allocation fits; (2) waiting requests are admitted
 // in order while budget, max_num_seqs and free blocks allow (chunked when the budget is short).
-// After the step, the engine calls on_step_done() to advance num_computed_tokens and finish().
+// After the step, the engine calls on_step_done() to advance num_computed_tokens (registering
+// full blocks in the prefix cache, dropping window kinds' blocks the next query cannot see) and
+// finish().
 class Scheduler {
  public:
-  Scheduler(SchedulerConfig config, BlockPool* blocks);
+  Scheduler(SchedulerConfig config, BlockManager* blocks);
 
   void add(Request* request);
   // Adds a request that already holds blocks and computed tokens (a child forked from a running
@@ -84,7 +87,7 @@ class Scheduler {
   }
 
   SchedulerConfig config_;
-  BlockPool* blocks_;
+  BlockManager* blocks_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the back is preempted first
   int64_t num_preemptions_ = 0;

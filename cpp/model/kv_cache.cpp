@@ -1,44 +1,94 @@
-// model: KV pool allocation.
+// model: KV pool allocation, per attention kind.
 #include "model/kv_cache.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/check.h"
 
 namespace fantai::model {
+namespace {
+
+// The window of every layer (a config built in code may leave layer_window empty: all full).
+int32_t window_of(const ModelConfig& c, int layer) {
+  return layer < static_cast<int>(c.layer_window.size()) ? c.layer_window[layer] : 0;
+}
+
+}  // namespace
+
+std::vector<int32_t> KVCache::kind_windows(const ModelConfig& c) {
+  std::vector<int32_t> w;
+  for (int layer = 0; layer < c.num_layers; ++layer) w.push_back(window_of(c, layer));
+  std::sort(w.begin(), w.end());
+  w.erase(std::unique(w.begin(), w.end()), w.end());
+  if (w.empty()) w.push_back(0);
+  return w;
+}
+
+size_t KVCache::kind_bytes_per_block(const ModelConfig& c, int32_t block_size, DType dtype, int kind) {
+  const KVLayout one{1, block_size, c.num_kv_heads, c.head_dim, dtype};
+  const int32_t window = kind_windows(c)[kind];
+  size_t layers = 0;
+  for (int layer = 0; layer < c.num_layers; ++layer) layers += window_of(c, layer) == window;
+  return layers * 2 * (one.block_data_bytes() + one.block_scale_bytes());
+}
 
 size_t KVCache::bytes_per_block(const ModelConfig& c, int32_t block_size, DType dtype) {
   const KVLayout one{1, block_size, c.num_kv_heads, c.head_dim, dtype};
   return static_cast<size_t>(c.num_layers) * 2 * (one.block_data_bytes() + one.block_scale_bytes());
 }
 
-KVCache::KVCache(const ModelConfig& c, int32_t num_blocks, int32_t block_size, DType dtype,
-                 Backend* backend) {
-  FANTAI_REQUIRE(num_blocks > 0, "the KV pool must hold at least one block");
+KVCache::KVCache(const ModelConfig& c, int32_t num_blocks, int32_t block_size, DType dtype, Backend* backend)
+    : KVCache(c, std::vector<int32_t>(kind_windows(c).size(), num_blocks), block_size, dtype, backend) {}
+
+KVCache::KVCache(const ModelConfig& c, const std::vector<int32_t>& num_blocks, int32_t block_size,
+                 DType dtype, Backend* backend) {
+  windows_ = kind_windows(c);
+  const int kinds = static_cast<int>(windows_.size());
+  FANTAI_REQUIRE(kinds <= kMaxKvKinds, "the model's layers use " << kinds
+                                                                 << " different attention windows; at most "
+                                                                 << kMaxKvKinds);
+  FANTAI_REQUIRE(static_cast<int>(num_blocks.size()) == kinds,
+                 "the KV pool needs a block count for each of its " << kinds << " attention kinds");
   FANTAI_REQUIRE(block_size > 0 && block_size <= 1024, "block_size must be in [1, 1024]");
   FANTAI_REQUIRE(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kI8,
                  "unsupported KV cache dtype " << dtype_name(dtype));
-  layout_ = KVLayout{num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype};
-  block_bytes_ = layout_.block_data_bytes();
-  block_scale_bytes_ = layout_.block_scale_bytes();
-  // Each layer buffer starts 64-byte aligned (the backend's alignment), for vector loads.
-  layer_bytes_ = (layout_.bytes() + 63) & ~size_t{63};
+  kind_layers_.assign(kinds, 0);
+  for (int k = 0; k < kinds; ++k) {
+    FANTAI_REQUIRE(num_blocks[k] > 0, "the KV pool must hold at least one block");
+    layouts_.push_back(KVLayout{num_blocks[k], block_size, c.num_kv_heads, c.head_dim, dtype});
+    // Each layer buffer starts 64-byte aligned (the backend's alignment), for vector loads.
+    layer_bytes_.push_back((layouts_.back().bytes() + 63) & ~size_t{63});
+  }
+  block_bytes_ = layouts_[0].block_data_bytes();
+  block_scale_bytes_ = layouts_[0].block_scale_bytes();
   num_layers_ = c.num_layers;
+  size_t total = 0;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const int k = static_cast<int>(std::find(windows_.begin(), windows_.end(), window_of(c, layer)) -
+                                   windows_.begin());
+    layer_kind_.push_back(k);
+    ++kind_layers_[k];
+    layer_offset_.push_back(total);
+    total += 2 * layer_bytes_[k];
+  }
   // Not zeroed: attention reads only slots written this or an earlier step, and untouched pages
   // cost no resident memory.
-  buffer_ = Buffer(backend, layer_bytes_ * 2 * c.num_layers, /*zero=*/false);
+  buffer_ = Buffer(backend, total, /*zero=*/false);
 }
 
-void KVCache::copy_block(int32_t src, int32_t dst, Backend* backend) {
+void KVCache::copy_block(int kind, int32_t src, int32_t dst, Backend* backend) {
+  const KVLayout& L = layouts_[kind];
   for (int layer = 0; layer < num_layers_; ++layer) {
+    if (layer_kind_[layer] != kind) continue;
     for (int which = 0; which < 2; ++which) {
       char* base = static_cast<char*>(this->base(layer, which));
       backend->copy(base + dst * block_bytes_, base + src * block_bytes_, block_bytes_);
       if (block_scale_bytes_) {
-        char* sc = base + layout_.scales_offset();
+        char* sc = base + L.scales_offset();
         backend->copy(sc + dst * block_scale_bytes_, sc + src * block_scale_bytes_, block_scale_bytes_);
       }
     }
@@ -56,13 +106,15 @@ size_t KVCache::resident_bytes() const {
   return pages * page;
 }
 
-void KVCache::release_blocks(int32_t first, int32_t count, Backend* backend) {
+void KVCache::release_blocks(int kind, int32_t first, int32_t count, Backend* backend) {
+  const KVLayout& L = layouts_[kind];
   for (int layer = 0; layer < num_layers_; ++layer) {
+    if (layer_kind_[layer] != kind) continue;
     for (int which = 0; which < 2; ++which) {
       char* base = static_cast<char*>(this->base(layer, which));
       backend->release_pages(base + first * block_bytes_, static_cast<size_t>(count) * block_bytes_);
       if (block_scale_bytes_)
-        backend->release_pages(base + layout_.scales_offset() + first * block_scale_bytes_,
+        backend->release_pages(base + L.scales_offset() + first * block_scale_bytes_,
                                static_cast<size_t>(count) * block_scale_bytes_);
     }
   }

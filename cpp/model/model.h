@@ -17,10 +17,14 @@ namespace fantai::model {
 // One step's flattened, variable-length batch (prefill chunks and decodes mixed).
 struct ForwardBatch {
   int32_t num_tokens = 0;
-  const int32_t* token_ids = nullptr;     // [num_tokens]
-  const int32_t* positions = nullptr;     // [num_tokens]
-  const int64_t* slot_mapping = nullptr;  // [num_tokens] KV slot each token writes
-  AttentionParams attn;
+  const int32_t* token_ids = nullptr;  // [num_tokens]
+  const int32_t* positions = nullptr;  // [num_tokens]
+  // Per KV kind (KVCache::kind, kind 0 the only one of most models): the slot each token writes
+  // [num_tokens] and the attention metadata, the same queries over that kind's block tables.
+  // Model::forward sets each kind's window and soft-cap from the config itself.
+  int32_t num_kv_kinds = 1;
+  const int64_t* slot_mapping[kMaxKvKinds] = {};
+  AttentionParams attn[kMaxKvKinds];
   const int32_t* logits_indices = nullptr;  // [num_logits] rows whose next token is sampled
   int32_t num_logits = 0;
 };

@@ -11,11 +11,13 @@ namespace fantai::model {
 
 ForwardBatch StepStaging::stage(const ForwardBatch& b) {
   if (!backend_->is_device()) return b;
-  const AttentionParams& a = b.attn;
+  const AttentionParams& a = b.attn[0];
   const size_t n = static_cast<size_t>(b.num_tokens), seqs = static_cast<size_t>(a.num_seqs);
-  const size_t tables = seqs * static_cast<size_t>(a.max_blocks_per_seq);
-  // int64 slot_mapping first keeps it 8-byte aligned; the int32 arrays follow.
-  const size_t bytes = n * 8 + (2 * n + (seqs + 1) + seqs + tables) * 4;
+  const int kinds = b.num_kv_kinds;
+  size_t tables = 0;
+  for (int k = 0; k < kinds; ++k) tables += seqs * static_cast<size_t>(b.attn[k].max_blocks_per_seq);
+  // int64 slot mappings first keep them 8-byte aligned; the int32 arrays follow.
+  const size_t bytes = kinds * n * 8 + (2 * n + (seqs + 1) + seqs + tables) * 4;
   meta_host_.resize(bytes);
   if (meta_.bytes() < bytes) meta_ = Buffer(backend_, std::max(bytes, 2 * meta_.bytes()), false);
   char* h = meta_host_.data();
@@ -28,12 +30,19 @@ ForwardBatch StepStaging::stage(const ForwardBatch& b) {
     return dev;
   };
   ForwardBatch out = b;
-  out.slot_mapping = static_cast<const int64_t*>(put(b.slot_mapping, n * 8));
+  for (int k = 0; k < kinds; ++k)
+    out.slot_mapping[k] = static_cast<const int64_t*>(put(b.slot_mapping[k], n * 8));
   out.token_ids = static_cast<const int32_t*>(put(b.token_ids, n * 4));
   out.positions = static_cast<const int32_t*>(put(b.positions, n * 4));
-  out.attn.cu_seqlens_q = static_cast<const int32_t*>(put(a.cu_seqlens_q, (seqs + 1) * 4));
-  out.attn.context_lens = static_cast<const int32_t*>(put(a.context_lens, seqs * 4));
-  out.attn.block_tables = static_cast<const int32_t*>(put(a.block_tables, tables * 4));
+  // Every kind shares the queries and contexts (the same host arrays), each has its own tables.
+  const int32_t* cu = static_cast<const int32_t*>(put(a.cu_seqlens_q, (seqs + 1) * 4));
+  const int32_t* ctx = static_cast<const int32_t*>(put(a.context_lens, seqs * 4));
+  for (int k = 0; k < kinds; ++k) {
+    out.attn[k].cu_seqlens_q = cu;
+    out.attn[k].context_lens = ctx;
+    out.attn[k].block_tables = static_cast<const int32_t*>(
+        put(b.attn[k].block_tables, seqs * static_cast<size_t>(b.attn[k].max_blocks_per_seq) * 4));
+  }
   backend_->upload(d, h, off);
   return out;
 }

@@ -92,10 +92,11 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   float* v = k + c.kv_dim();
   be->rope(q, qkv_dim, k, qkv_dim, b.positions, n, c.num_heads, c.num_kv_heads, c.head_dim,
            cos_sin_.as<float>());
-  be->store_kv(k, v, qkv_dim, b.slot_mapping, n, cache.k(layer), cache.v(layer), cache.layout());
+  const int kind = cache.kind(layer);  // the layer's pool, tables and window
+  be->store_kv(k, v, qkv_dim, b.slot_mapping[kind], n, cache.k(layer), cache.v(layer), cache.layout(kind));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(), b.attn, c.num_heads, scale,
-                attn_out_.as<float>());
+  be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(kind), b.attn[kind], c.num_heads,
+                scale, attn_out_.as<float>());
   linear(attn_out_.as<float>(), L.o.data(), L.o_q, L.o_bias.as<float>(), proj_out_.as<float>(), n,
          c.hidden_size, c.q_dim(), L.packed);
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
@@ -132,13 +133,19 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
                    "position " << host_batch.positions[i] << " exceeds max_position_embeddings "
                                << max_positions_);
   }
-  const ForwardBatch b = staging_.stage(host_batch);
-  // Every layer attends over the same metadata: plan it once for the step.
+  ForwardBatch b = staging_.stage(host_batch);
+  FANTAI_CHECK(b.num_kv_kinds == cache.num_kinds(),
+               "forward batch has " << b.num_kv_kinds << " KV kinds, the cache " << cache.num_kinds());
+  // Every layer of a kind attends over the same metadata: plan each kind once for the step.
   struct PlanScope {
     Backend* be;
     ~PlanScope() { be->end_attention_plan(); }
   } plan_scope{be};
-  be->plan_attention(cache.layout(), b.attn, c.num_heads);
+  for (int kind = 0; kind < cache.num_kinds(); ++kind) {
+    b.attn[kind].window = cache.kind_window(kind);
+    b.attn[kind].logit_softcap = c.attn_logit_softcap;
+    be->plan_attention(cache.layout(kind), b.attn[kind], c.num_heads);
+  }
   float* residual = residual_.as<float>();
   float* normed = normed_.as<float>();
   if (!weights_.embed_q().empty()) be->embedding_q(b.token_ids, n, weights_.embed_q().front().w, residual);
@@ -204,10 +211,14 @@ std::vector<float> Model::score(const std::vector<int32_t>& ids, DType kv_dtype)
   fb.num_tokens = n;
   fb.token_ids = ids.data();
   fb.positions = positions.data();
-  fb.slot_mapping = slots.data();
   fb.logits_indices = indices.data();
   fb.num_logits = n;
-  fb.attn = AttentionParams{1, n, n, n, cu.data(), ctx.data(), table.data(), num_blocks};
+  // Every kind's pool is as large and holds the sequence the same way.
+  fb.num_kv_kinds = cache.num_kinds();
+  for (int kind = 0; kind < cache.num_kinds(); ++kind) {
+    fb.slot_mapping[kind] = slots.data();
+    fb.attn[kind] = AttentionParams{1, n, n, n, cu.data(), ctx.data(), table.data(), num_blocks};
+  }
   std::vector<float> logits(static_cast<size_t>(n) * config_.vocab_size);
   forward(fb, cache, logits.data());
   return logits;

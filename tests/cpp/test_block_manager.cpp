@@ -1,4 +1,6 @@
-// engine: unit tests of the paged KV block pool (allocation, exhaustion, forks, invariants).
+// engine: unit tests of the paged KV block pool (allocation, exhaustion, forks, invariants, window
+// drops) and of the block manager over one pool per attention kind.
+// Over 400 lines: one case per rule of the pool and of the manager, sharing the helpers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "engine/block_manager.h"
 #include "engine/block_pool.h"
 
 namespace fantai::engine {
@@ -332,6 +335,190 @@ TEST(BlockPool, RandomizedOpsKeepInvariants) {
     EXPECT_EQ(bm.num_free_blocks(), num_blocks);
     EXPECT_EQ(bm.used_slots(), 0);
   }
+}
+
+// ---- sliding windows: one pool's drops, then the manager over a full and a window pool ----------
+
+TEST(BlockPool, DropBeforeReleasesLeadingBlocksOnce) {
+  BlockPool bm(8, 4);
+  BlockTable t;
+  ASSERT_TRUE(bm.allocate(t, 18));  // 5 blocks
+  const std::vector<int32_t> before = t.blocks;
+  EXPECT_EQ(bm.drop_before(t, 3), 3);
+  EXPECT_EQ(t.num_dropped, 3);
+  EXPECT_EQ(t.num_live(), 2);
+  EXPECT_EQ(std::vector<int32_t>(t.blocks.begin(), t.blocks.begin() + 3), std::vector<int32_t>(3, -1));
+  EXPECT_EQ(t.blocks[3], before[3]);
+  EXPECT_EQ(bm.num_free_blocks(), 6);
+  EXPECT_EQ(bm.used_slots(), 6);  // the two live blocks: 4 + 2 slots
+  EXPECT_EQ(bm.drop_before(t, 2), 0);
+  EXPECT_EQ(bm.drop_before(t, 99), 2);  // clamped to the table
+  EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
+  ASSERT_TRUE(bm.allocate(t, 23));  // keeps its logical indexing: grows at index 5
+  EXPECT_EQ(t.blocks.size(), 6u);
+  EXPECT_GE(t.blocks[5], 0);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&t})));
+  bm.free(t);
+  EXPECT_EQ(bm.num_free_blocks(), 8);
+  EXPECT_EQ(t.num_dropped, 0);
+  EXPECT_NO_THROW(bm.check_invariants({}));
+}
+
+TEST(BlockPool, ForkedDropsKeepSharedBlocks) {
+  BlockPool bm(8, 4);
+  BlockTable a, b;
+  ASSERT_TRUE(bm.allocate(a, 12));
+  bm.fork(a, b);
+  EXPECT_EQ(bm.drop_before(a, 2), 2);
+  EXPECT_EQ(bm.num_free_blocks(), 5);  // b still holds them
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b})));
+  BlockTable c;
+  bm.fork(a, c);  // a fork of a table with drops shares only its live blocks
+  EXPECT_EQ(c.num_dropped, 2);
+  EXPECT_NO_THROW(bm.check_invariants(tables({&a, &b, &c})));
+  bm.free(a);
+  bm.free(b);
+  bm.free(c);
+  EXPECT_EQ(bm.num_free_blocks(), 8);
+}
+
+// A dropped, registered block stays cached, and the blocks registered after it chain on it, so the
+// whole sequence is found again once it is freed.
+TEST(BlockPool, DroppedBlocksStayCachedAndKeepTheChain) {
+  BlockPool bm(8, 4, true);
+  std::vector<int32_t> tok(20);
+  for (int i = 0; i < 20; ++i) tok[i] = 100 + i;
+  BlockTable t;
+  ASSERT_TRUE(bm.allocate(t, 9));
+  bm.cache_full_blocks(t, tok.data(), 9);  // blocks 0, 1
+  EXPECT_EQ(bm.drop_before(t, 2), 2);
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  ASSERT_TRUE(bm.allocate(t, 17));
+  bm.cache_full_blocks(t, tok.data(), 17);  // blocks 2, 3: parent of 2 is the dropped block 1
+  bm.free(t);
+  EXPECT_EQ(bm.find_cached_prefix(tok.data(), 20).size(), 4u);
+  EXPECT_NO_THROW(bm.check_invariants({}));
+}
+
+TEST(BlockManager, PeakBlocksOfAWindow) {
+  // Full attention: every block. A window of W positions spans up to ceil(W / bs) + 1 blocks, and a
+  // chunk of c queries adds its own c - 1.
+  EXPECT_EQ(BlockManager::window_peak_blocks(0, 16, 2000, 1), 125);
+  EXPECT_EQ(BlockManager::window_peak_blocks(24, 16, 2000, 1), 3);
+  EXPECT_EQ(BlockManager::window_peak_blocks(16, 16, 2000, 1), 2);
+  EXPECT_EQ(BlockManager::window_peak_blocks(1, 16, 2000, 1), 1);
+  EXPECT_EQ(BlockManager::window_peak_blocks(24, 16, 2000, 32), 5);
+  EXPECT_EQ(BlockManager::window_peak_blocks(4096, 16, 100, 32), 7);  // capped by the sequence
+}
+
+// Decode one token at a time: the window pool never holds more than the window needs, the full
+// pool holds every block, and the peak bound is reached.
+TEST(BlockManager, WindowKindKeepsOnlyWhatTheNextQuerySees) {
+  BlockManager bm({{16, 0}, {6, 6}}, 4);
+  BlockTables t;
+  int32_t peak = 0;
+  for (int32_t pos = 0; pos < 60; ++pos) {
+    ASSERT_TRUE(bm.allocate(t, pos, pos + 1)) << pos;
+    ASSERT_NO_THROW(bm.check_invariants({&t}));
+    EXPECT_EQ(t.kinds[1].num_dropped, bm.first_needed_block(1, pos));
+    peak = std::max(peak, t.kinds[1].num_live());
+  }
+  EXPECT_EQ(peak, bm.peak_blocks(1, 60, 1));
+  EXPECT_EQ(peak, 3);
+  EXPECT_EQ(t.kinds[0].num_live(), 15);
+  EXPECT_EQ(bm.pool(0).num_free_blocks(), 1);
+  EXPECT_EQ(bm.num_free_blocks(), 1 + 6 - t.kinds[1].num_live());
+  bm.free(t);
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_blocks());
+}
+
+TEST(BlockManager, AllocateIsAllOrNothingAcrossKinds) {
+  BlockManager bm({{8, 0}, {3, 4}}, 4);
+  BlockTables t;
+  // A 16-token chunk from position 0: the window pool needs 4 blocks and has 3.
+  EXPECT_FALSE(bm.allocate(t, 0, 16));
+  EXPECT_TRUE(t.empty());
+  EXPECT_EQ(bm.num_free_blocks(), 11);
+  ASSERT_TRUE(bm.allocate(t, 0, 8));
+  // From position 8 (keys 5..): the window drops block 0 first.
+  EXPECT_TRUE(bm.allocate(t, 8, 12));
+  EXPECT_EQ(t.kinds[0].num_live(), 3);
+  EXPECT_EQ(t.kinds[1].num_live(), 2);
+  ASSERT_NO_THROW(bm.check_invariants({&t}));
+  // The full pool short: nothing changes in the window pool either.
+  BlockTables u;
+  ASSERT_TRUE(bm.allocate(u, 0, 4));
+  EXPECT_FALSE(bm.allocate(u, 4, 24));
+  EXPECT_EQ(u.kinds[0].blocks.size(), 1u);
+  EXPECT_EQ(u.kinds[1].blocks.size(), 1u);
+  bm.free(t);
+  bm.free(u);
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_blocks());
+}
+
+TEST(BlockManager, PrefixHitTakesOnlyTheBlocksTheNextQuerySees) {
+  BlockManager bm({{16, 0}, {16, 5}}, 4, true);
+  std::vector<int32_t> tok(24);
+  for (int i = 0; i < 24; ++i) tok[i] = 7 * i + 1;
+  BlockTables a;
+  ASSERT_TRUE(bm.allocate(a, 0, 20));
+  bm.cache_full_blocks(a, tok.data(), 20);
+  bm.drop_invisible(a, 20);
+  bm.free(a);
+  const PrefixHit hit = bm.find_cached_prefix(tok.data(), 23);
+  ASSERT_EQ(hit.num_blocks, 5);
+  BlockTables b;
+  ASSERT_TRUE(bm.take_cached_and_allocate(b, hit, 21));
+  EXPECT_EQ(b.kinds[0].num_live(), 6);  // the 5 hit blocks and one new
+  // The query at 20 sees keys 16..20: block 4 of the hit and the new block 5.
+  EXPECT_EQ(b.kinds[1].num_dropped, 4);
+  EXPECT_EQ(b.kinds[1].blocks[4], hit.blocks[1][4]);
+  EXPECT_EQ(b.num_cached_blocks(), 5);
+  ASSERT_NO_THROW(bm.check_invariants({&b}));
+  bm.free(b);
+  // Once the window pool's chain is evicted, there is no hit (the full pool alone is not enough).
+  bm.pool(1).reset_prefix_cache();
+  EXPECT_EQ(bm.find_cached_prefix(tok.data(), 23).num_blocks, 0);
+  EXPECT_EQ(bm.find_cached_prefix(tok.data(), 23).blocks[0].size(), 0u);
+}
+
+TEST(BlockManager, TakeCachedIsAllOrNothing) {
+  BlockManager bm({{16, 0}, {3, 5}}, 4, true);
+  std::vector<int32_t> tok(24, 3);
+  BlockTables a;
+  ASSERT_TRUE(bm.allocate(a, 0, 8));
+  bm.cache_full_blocks(a, tok.data(), 8);
+  BlockTables hold;  // takes the window pool's free blocks
+  ASSERT_TRUE(bm.allocate(hold, 0, 1));
+  const PrefixHit hit = bm.find_cached_prefix(tok.data(), 8);
+  ASSERT_EQ(hit.num_blocks, 2);
+  BlockTables b;
+  // From position 8 the window pool needs block 1 (shared) and 3 new: it has 0 free.
+  EXPECT_FALSE(bm.take_cached_and_allocate(b, hit, 20));
+  EXPECT_TRUE(b.empty());
+  ASSERT_NO_THROW(bm.check_invariants({&a, &hold}));
+  bm.free(a);
+  bm.free(hold);
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_blocks());
+}
+
+TEST(BlockManager, ForkAndCopyOnWriteInEveryKind) {
+  BlockManager bm({{8, 0}, {8, 3}}, 4);
+  BlockTables a, b;
+  ASSERT_TRUE(bm.allocate(a, 0, 6));
+  bm.fork(a, b);
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(bm.copy_on_write(b, 6, &copies));
+  ASSERT_EQ(copies.size(), 2u);  // the shared partial block 1 of each kind
+  EXPECT_EQ(copies[0].kind, 0);
+  EXPECT_EQ(copies[1].kind, 1);
+  EXPECT_EQ(copies[1].src, a.kinds[1].blocks[1]);
+  EXPECT_EQ(copies[1].dst, b.kinds[1].blocks[1]);
+  ASSERT_NO_THROW(bm.check_invariants({&a, &b}));
+  bm.free(a);
+  bm.free(b);
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_blocks());
+  EXPECT_EQ(bm.stats().copy_on_writes, 2);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "engine/block_pool.h"
+#include "engine/block_manager.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 
@@ -35,7 +35,7 @@ std::unique_ptr<Request> make_request(uint64_t id, int32_t prompt_len, int32_t m
 
 // Owns the pool, the scheduler and the requests; step() plays the engine.
 struct Harness {
-  BlockPool bm;
+  BlockManager bm;
   Scheduler sched;
   std::vector<std::unique_ptr<Request>> reqs;
 
@@ -70,16 +70,16 @@ struct Harness {
     ASSERT_FALSE(sched.has_unfinished());
   }
 
-  std::vector<const BlockTable*> live_tables() const {
-    std::vector<const BlockTable*> out;
-    for (const auto& r : reqs) out.push_back(&r->block_table);
+  std::vector<const BlockTables*> live_tables() const {
+    std::vector<const BlockTables*> out;
+    for (const auto& r : reqs) out.push_back(&r->block_tables);
     return out;
   }
 
   void check() const {
     bm.check_invariants(live_tables());
     for (const Request* r : sched.waiting()) {
-      EXPECT_TRUE(r->block_table.blocks.empty());
+      EXPECT_TRUE(r->block_tables.empty());
       EXPECT_EQ(r->num_computed_tokens, 0);
     }
   }
@@ -108,7 +108,7 @@ TEST(Request, FinishReasonNames) {
 }
 
 TEST(Scheduler, ConstructorAndAddValidate) {
-  BlockPool bm(4, 4);
+  BlockManager bm(4, 4);
   EXPECT_THROW(Scheduler(config(0, 8), &bm), InvalidArgument);
   EXPECT_THROW(Scheduler(config(1, 0), &bm), InvalidArgument);
   EXPECT_THROW(Scheduler(config(1, 8), nullptr), InvalidArgument);
@@ -139,8 +139,8 @@ TEST(Scheduler, PrefillThenDecodes) {
   EXPECT_EQ(r->status, RequestStatus::kRunning);
   EXPECT_GE(r->first_scheduled_time, 0.0);
   EXPECT_EQ(r->num_computed_tokens, 5);
-  EXPECT_EQ(r->block_table.num_tokens, 5);
-  EXPECT_EQ(r->block_table.blocks.size(), 2u);
+  EXPECT_EQ(r->block_tables.num_tokens(), 5);
+  EXPECT_EQ(r->block_tables.kinds[0].blocks.size(), 2u);
 
   // Decode: feed the last sampled token (position 5), allocate its slot.
   b = h.step();
@@ -317,7 +317,7 @@ TEST(Scheduler, PreemptsMostRecentAdmissionAndResumesItFirst) {
   EXPECT_EQ(find_seq(batch, c), nullptr);
   EXPECT_EQ(c->status, RequestStatus::kWaiting);
   EXPECT_EQ(c->num_computed_tokens, 0);
-  EXPECT_TRUE(c->block_table.blocks.empty());
+  EXPECT_TRUE(c->block_tables.empty());
   EXPECT_EQ(c->num_preemptions, 1);
   EXPECT_EQ(h.sched.num_preemptions(), 1);
   EXPECT_EQ(c->output, (std::vector<int32_t>{2000, 2001}));  // generated tokens are kept
@@ -427,7 +427,7 @@ TEST(Scheduler, SequenceLargerThanThePoolFinishesOutOfBlocks) {
   EXPECT_TRUE(r->finished());
   EXPECT_EQ(r->finish_reason, FinishReason::kLength);
   EXPECT_EQ(r->output.size(), 3u);  // tokens 7 and 8 fit, the 9th slot does not
-  EXPECT_TRUE(r->block_table.blocks.empty());
+  EXPECT_TRUE(r->block_tables.empty());
   EXPECT_EQ(h.bm.num_free_blocks(), 2);
   EXPECT_EQ(h.bm.used_slots(), 0);
 }
@@ -480,7 +480,7 @@ TEST(Scheduler, AbortWaitingRunningAndMidPrefill) {
   EXPECT_TRUE(h.sched.abort(prefill));
   EXPECT_TRUE(prefill->finished());
   EXPECT_EQ(prefill->finish_reason, FinishReason::kAbort);
-  EXPECT_TRUE(prefill->block_table.blocks.empty());
+  EXPECT_TRUE(prefill->block_tables.empty());
   EXPECT_FALSE(h.sched.abort(prefill));  // no longer known
   h.check();
 
@@ -522,7 +522,7 @@ TEST(Scheduler, FinishFromEitherQueueFreesAndKeepsTheFirstReason) {
   EXPECT_EQ(b->finish_reason, FinishReason::kStop);
   EXPECT_EQ(h.sched.num_waiting(), 0u);
   h.sched.finish(a, FinishReason::kStop);
-  EXPECT_TRUE(a->block_table.blocks.empty());
+  EXPECT_TRUE(a->block_tables.empty());
   h.sched.finish(a, FinishReason::kLength);  // second finish is a no-op
   EXPECT_EQ(a->finish_reason, FinishReason::kStop);
   EXPECT_EQ(h.bm.num_free_blocks(), 16);
@@ -535,9 +535,9 @@ TEST(Scheduler, StepDoneKeepsTheTableInSync) {
   for (int i = 0; i < 5 && !r->finished(); ++i) {
     ScheduledBatch b = h.sched.schedule();
     ASSERT_EQ(b.seqs.size(), 1u);
-    EXPECT_EQ(r->block_table.num_tokens, b.seqs[0].start + b.seqs[0].num_new_tokens);
+    EXPECT_EQ(r->block_tables.num_tokens(), b.seqs[0].start + b.seqs[0].num_new_tokens);
     h.sched.on_step_done(b);
-    EXPECT_EQ(r->num_computed_tokens, r->block_table.num_tokens);
+    EXPECT_EQ(r->num_computed_tokens, r->block_tables.num_tokens());
     if (b.seqs[0].sample) r->output.push_back(7);
   }
 }
@@ -545,9 +545,10 @@ TEST(Scheduler, StepDoneKeepsTheTableInSync) {
 // ---- randomized: a fake engine drives admit / grow / finish / abort / preempt ------------------
 
 // One random configuration (tiny pools included) run to completion, checked after every step.
+// windows: a full-attention pool and a sliding window's (its own size), some with prefix caching.
 class SchedulerFuzz {
  public:
-  explicit SchedulerFuzz(uint64_t seed) : seed_(seed), rng_(seed) {
+  explicit SchedulerFuzz(uint64_t seed, bool windows = false) : seed_(seed), rng_(seed) {
     const int32_t blocks[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 256};
     const int32_t sizes[] = {1, 2, 3, 4, 8, 16};
     const int32_t seqs[] = {1, 2, 3, 4, 8, 32};
@@ -555,7 +556,15 @@ class SchedulerFuzz {
     cfg_.max_num_seqs = pick(seqs);
     cfg_.max_num_batched_tokens = pick(budgets);
     cfg_.enable_chunked_prefill = rng_() % 4 != 0;
-    bm_ = std::make_unique<BlockPool>(pick(blocks), pick(sizes));
+    if (windows) {
+      const int32_t wins[] = {1, 2, 5, 9, 17, 40};
+      const int32_t bs = pick(sizes);
+      window_ = pick(wins);
+      bm_ = std::make_unique<BlockManager>(
+          std::vector<BlockPoolSpec>{{pick(blocks), 0}, {pick(blocks), window_}}, bs, rng_() % 3 == 0);
+    } else {
+      bm_ = std::make_unique<BlockManager>(pick(blocks), pick(sizes));
+    }
     sched_ = std::make_unique<Scheduler>(cfg_, bm_.get());
     num_requests_ = 20 + static_cast<int>(rng_() % 60);
     // Half the runs never abort: aborts would also end a livelocked request and hide the bug.
@@ -592,9 +601,12 @@ class SchedulerFuzz {
   }
   bool chance(int percent) { return static_cast<int>(rng_() % 100) < percent; }
   std::string where() const {
-    return "seed " + std::to_string(seed_) + " blocks " + std::to_string(bm_->num_blocks()) + "x" +
-           std::to_string(bm_->block_size()) + " seqs " + std::to_string(cfg_.max_num_seqs) + " budget " +
-           std::to_string(cfg_.max_num_batched_tokens) + ": ";
+    return "seed " + std::to_string(seed_) + " blocks " + std::to_string(bm_->pool(0).num_blocks()) +
+           (window_ ? " + " + std::to_string(bm_->pool(1).num_blocks()) + " (window " +
+                          std::to_string(window_) + ")"
+                    : std::string()) +
+           "x" + std::to_string(bm_->block_size()) + " seqs " + std::to_string(cfg_.max_num_seqs) +
+           " budget " + std::to_string(cfg_.max_num_batched_tokens) + ": ";
   }
 
   void step() {
@@ -669,7 +681,7 @@ class SchedulerFuzz {
       ASSERT_EQ(s.start, r->num_computed_tokens) << where();
       ASSERT_LE(s.start + s.num_new_tokens, r->num_tokens()) << where();
       ASSERT_EQ(s.sample, s.start + s.num_new_tokens == r->num_tokens()) << where();
-      ASSERT_EQ(r->block_table.num_tokens, s.start + s.num_new_tokens) << where();
+      ASSERT_EQ(r->block_tables.num_tokens(), s.start + s.num_new_tokens) << where();
       const bool is_decode = s.start >= static_cast<int32_t>(r->prompt.size());
       ASSERT_FALSE(is_decode && seen_prefill) << where() << "decode after a prefill chunk";
       seen_prefill |= !is_decode;
@@ -682,8 +694,12 @@ class SchedulerFuzz {
     ASSERT_EQ(sum - decode, b.num_prefill_tokens) << where();
     for (Request* r : b.finished_out_of_blocks) {
       ASSERT_EQ(r->finish_reason, FinishReason::kLength) << where();
-      // Only a sequence that cannot fit even the whole pool may be cut short.
-      ASSERT_GT(bm_->blocks_for(r->num_tokens()), bm_->num_blocks()) << where();
+      // Only a sequence that cannot fit even a whole pool may be cut short.
+      bool too_big = false;
+      for (int k = 0; k < bm_->num_kinds(); ++k)
+        too_big |= bm_->peak_blocks(k, r->num_tokens(), cfg_.max_num_batched_tokens) >
+                   bm_->pool(k).num_blocks();
+      ASSERT_TRUE(too_big) << where();
       ASSERT_TRUE(out_of_blocks_.insert(r).second) << where() << "finished twice";
     }
   }
@@ -697,8 +713,10 @@ class SchedulerFuzz {
       admit_seq_[i] = ++next_admit_;
       const ScheduledSeq* s = find_seq(b, r);
       ASSERT_NE(s, nullptr) << where();
-      ASSERT_EQ(s->start, 0) << where();
-      const int32_t whole = r->num_tokens();
+      // From 0, or (prefix caching) after the whole blocks found cached.
+      ASSERT_EQ(s->start % bm_->block_size(), 0) << where();
+      ASSERT_TRUE(s->start == 0 || bm_->prefix_caching()) << where();
+      const int32_t whole = r->num_tokens() - s->start;
       if (!cfg_.enable_chunked_prefill && whole <= cfg_.max_num_batched_tokens) {
         ASSERT_EQ(s->num_new_tokens, whole) << where() << "prompt chunked with chunking off";
       }
@@ -709,7 +727,7 @@ class SchedulerFuzz {
       Request* p = b.preempted[k];
       ASSERT_EQ(before[p->id], RequestStatus::kRunning) << where();
       ASSERT_EQ(waiting[b.preempted.size() - 1 - k], p) << where() << "preempted not at the head";
-      ASSERT_TRUE(p->block_table.blocks.empty()) << where();
+      ASSERT_TRUE(p->block_tables.empty()) << where();
       for (const Request* r : sched_->running()) {  // victims are the most recent admissions
         ASSERT_GT(admit_seq_[p->id], admit_seq_[r->id]) << where();
       }
@@ -717,9 +735,9 @@ class SchedulerFuzz {
   }
 
   void check_state() {
-    std::vector<const BlockTable*> tables;
+    std::vector<const BlockTables*> tables;
     int64_t used = 0;
-    for (const auto& r : reqs_) tables.push_back(&r->block_table);
+    for (const auto& r : reqs_) tables.push_back(&r->block_tables);
     ASSERT_NO_THROW(bm_->check_invariants(tables)) << where();
     std::set<const Request*> queued(sched_->waiting().begin(), sched_->waiting().end());
     ASSERT_EQ(queued.size(), sched_->num_waiting()) << where();
@@ -727,19 +745,26 @@ class SchedulerFuzz {
     for (const Request* r : sched_->running()) {
       ASSERT_TRUE(queued.insert(r).second) << where() << "request in two queues";
       ASSERT_EQ(r->status, RequestStatus::kRunning) << where();
-      ASSERT_EQ(r->block_table.num_tokens, r->num_computed_tokens) << where();
+      ASSERT_EQ(r->block_tables.num_tokens(), r->num_computed_tokens) << where();
       ASSERT_LE(r->num_computed_tokens, r->num_tokens()) << where();
-      const int64_t alloc = static_cast<int64_t>(r->block_table.blocks.size()) * bm_->block_size();
-      ASSERT_LE(r->block_table.num_tokens, alloc) << where();
-      ASSERT_LT(alloc, r->block_table.num_tokens + bm_->block_size()) << where();
-      used += r->block_table.num_tokens;
+      const int64_t alloc = static_cast<int64_t>(r->block_tables.kinds[0].blocks.size()) * bm_->block_size();
+      ASSERT_LE(r->block_tables.num_tokens(), alloc) << where();
+      ASSERT_LT(alloc, r->block_tables.num_tokens() + bm_->block_size()) << where();
+      used += r->block_tables.num_tokens();
+      if (window_) {  // the window pool holds only what the next query sees
+        const BlockTable& w = r->block_tables.kinds[1];
+        ASSERT_EQ(w.num_dropped, bm_->first_needed_block(1, r->num_computed_tokens)) << where();
+        ASSERT_LE(w.num_live(), bm_->peak_blocks(1, r->num_tokens(), 1)) << where();
+      }
     }
-    ASSERT_EQ(bm_->used_slots(), used) << where();
+    // Shared prefix blocks count once.
+    if (bm_->prefix_caching()) ASSERT_LE(bm_->pool(0).used_slots(), used) << where();
+    else ASSERT_EQ(bm_->pool(0).used_slots(), used) << where();
     for (const auto& r : reqs_) {  // no request lost: each is queued xor finished
       ASSERT_NE(queued.count(r.get()) != 0, r->finished()) << where() << "request " << r->id;
       if (r->status == RequestStatus::kWaiting) {
         ASSERT_EQ(r->num_computed_tokens, 0) << where();
-        ASSERT_TRUE(r->block_table.blocks.empty()) << where();
+        ASSERT_TRUE(r->block_tables.empty()) << where();
       }
     }
   }
@@ -747,7 +772,7 @@ class SchedulerFuzz {
   void check_final() {
     for (const auto& r : reqs_) {
       ASSERT_TRUE(r->finished()) << where();
-      ASSERT_TRUE(r->block_table.blocks.empty()) << where();
+      ASSERT_TRUE(r->block_tables.empty()) << where();
       for (size_t i = 0; i < r->output.size(); ++i) {
         ASSERT_EQ(r->output[i], fake_token(r->id, i)) << where() << "output lost or reordered";
       }
@@ -769,7 +794,8 @@ class SchedulerFuzz {
   uint64_t seed_;
   std::mt19937_64 rng_;
   SchedulerConfig cfg_;
-  std::unique_ptr<BlockPool> bm_;
+  int32_t window_ = 0;
+  std::unique_ptr<BlockManager> bm_;
   std::unique_ptr<Scheduler> sched_;
   int num_requests_ = 0;
   int abort_percent_ = 0;
@@ -806,6 +832,22 @@ TEST(SchedulerRandomized, InvariantsHoldAcrossManyConfigs) {
       static_cast<long long>(total_steps), static_cast<long long>(sum.preemptions),
       static_cast<long long>(sum.out_of_blocks), static_cast<long long>(sum.aborts),
       static_cast<long long>(sum.stops), static_cast<long long>(sum.chunked));
+}
+
+// The same rules with a window kind beside the full one (and prefix caching in a third of the
+// runs): every kind all or nothing, the window pool only ever holding what the next query sees.
+TEST(SchedulerRandomized, InvariantsHoldWithAWindowKind) {
+  int64_t total_steps = 0, preemptions = 0, out_of_blocks = 0;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    SchedulerFuzz fuzz(seed, /*windows=*/true);
+    total_steps += fuzz.run();
+    if (HasFailure()) break;
+    preemptions += fuzz.coverage().preemptions;
+    out_of_blocks += fuzz.coverage().out_of_blocks;
+  }
+  EXPECT_GT(total_steps, 3000);
+  EXPECT_GT(preemptions, 50);
+  EXPECT_GT(out_of_blocks, 5);
 }
 
 }  // namespace

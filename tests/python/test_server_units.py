@@ -136,9 +136,14 @@ def test_metrics_text() -> None:
                         finished=True, metrics={"arrival_time": 1.0, "first_token_time": 1.5,
                                                 "finished_time": 2.0})
     m.record(out)
+    kinds = [{"kind": "full", "num_used_blocks": 3, "num_total_blocks": 6},
+             {"kind": "sliding_window_24", "num_used_blocks": 1, "num_total_blocks": 4}]
     text = m.render({"num_running": 2, "num_waiting": 1, "num_free_blocks": 6,
-                     "num_total_blocks": 10, "kv_utilization": 0.5, "num_preemptions": 3})
+                     "num_total_blocks": 10, "kv_utilization": 0.5, "num_preemptions": 3, "kv_kinds": kinds})
     values = server_fixtures.metric_values(text)
+    assert values['fantai_kv_cache_kind_blocks_used{kind="full"}'] == 3
+    assert values['fantai_kv_cache_kind_blocks_used{kind="sliding_window_24"}'] == 1
+    assert values['fantai_kv_cache_kind_blocks_total{kind="sliding_window_24"}'] == 4
     assert values['fantai_request_success_total{finished_reason="length"}'] == 1
     assert values["fantai_prompt_tokens_total"] == 3
     assert values["fantai_generation_tokens_total"] == 2

@@ -1,13 +1,57 @@
-"""Sliding-window attention: each layer's window read from config.json as transformers decides it."""
+"""Sliding-window attention in the paged cache, against Hugging Face transformers (f32): the config's
+windows, logits and greedy tokens across block and window boundaries (chunked prefill on and off,
+prefix caching), and the KV blocks a window has passed given back while the request runs."""
 
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from fantai import _C
+import torch
+from fantai import _C, LLM, SamplingParams
+from tiny_models import build_tiny_model, hf_greedy, hf_logits, hf_model, random_prompts
 from transformers import AutoConfig
+
+LOGIT_ATOL = 2e-4  # as test_model_parity: f32 with another summation order
+BLOCK = 16
+MISTRAL_WINDOW = 24
+QWEN_WINDOW = 40
+
+# Mistral slides every layer; the Qwen2 slides layers >= max_window_layers (1 and 2 of 3), so it
+# has a full-attention pool and a window pool.
+MODELS = {
+    "mistral": dict(arch="mistral", heads=4, kv_heads=2, sliding_window=MISTRAL_WINDOW, max_pos=4096),
+    "qwen2_mixed": dict(arch="qwen2", layers=3, heads=4, kv_heads=2, use_sliding_window=True,
+                        sliding_window=QWEN_WINDOW, max_window_layers=1, max_pos=4096),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Any:
+    """The references decode token by token: a tiny model's ops are cheaper on one thread than
+    split over contended cores (several times, for the 2,000-token run)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any]:
+    path = build_tiny_model(tmp_path_factory.mktemp(request.param), **MODELS[request.param])
+    return request.param, path, hf_model(path)
+
+
+def tokens(outs: list) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def kinds(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k["kind"]: k for k in stats["kv_kinds"]}
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -75,3 +119,121 @@ def test_softcap_is_parsed() -> None:
     raw["layer_types"] = ["sliding_attention", "chunked_attention"] + ["full_attention"] * 3
     with pytest.raises(ValueError, match="chunked_attention"):
         _C.ModelConfig.from_json(json.dumps(raw))
+
+
+# ---- numerics against transformers ---------------------------------------------------------------
+
+def test_logits_match_transformers(model: tuple[str, Path, Any]) -> None:
+    _, path, ref = model
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=64)
+    # Inside, at and past the window, and over several blocks past it.
+    for prompt in random_prompts(6, 320, [1, 23, 24, 25, 41, 90], seed=1):
+        ours = llm._model.score(prompt)
+        np.testing.assert_allclose(ours, hf_logits(ref, prompt).numpy(), atol=LOGIT_ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
+def test_greedy_tokens_match_transformers(model: tuple[str, Path, Any], chunked: bool) -> None:
+    """Prompts shorter and longer than the window, generation past it; chunks of 16 tokens make the
+    prompts' later chunks attend over a cached prefix through the window."""
+    _, path, ref = model
+    extra = dict(max_num_batched_tokens=16) if chunked else dict(enable_chunked_prefill=False)
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=64, **extra)
+    prompts = random_prompts(3, 320, [5, 30, 70], seed=2)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True), use_tqdm=False)
+    assert tokens(outs) == [hf_greedy(ref, p, 40) for p in prompts]
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_prefix_caching_stays_exact(model: tuple[str, Path, Any]) -> None:
+    """Prompts that share a 60-token prefix, twice: the second pass hits the cache (in every kind)
+    and still gives transformers' tokens; so does a pool too small to keep it all."""
+    _, path, ref = model
+    system = random_prompts(1, 320, [60], seed=3)[0]
+    prompts = [system + p for p in random_prompts(4, 320, [3, 17], seed=4)]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    want = [hf_greedy(ref, p, 20) for p in prompts]
+    for blocks in (128, 14):
+        llm = LLM(str(path), dtype="float32", num_kv_blocks=blocks, max_num_batched_tokens=32)
+        for _ in range(2):
+            assert tokens(llm.generate(prompts, params, use_tqdm=False)) == want
+        stats = llm.stats()
+        if blocks == 128:
+            assert stats["prefix_cache_hits"] >= 3 * (60 // BLOCK) * BLOCK
+        assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_preemption_never_loses_a_request(model: tuple[str, Path, Any]) -> None:
+    _, path, ref = model
+    prompts = random_prompts(6, 320, [30, 55], seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    tight = LLM(str(path), dtype="float32", num_kv_blocks=12, enable_prefix_caching=False)
+    assert tokens(tight.generate(prompts, params, use_tqdm=False)) == [hf_greedy(ref, p, 30) for p in prompts]
+    stats = tight.stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+# ---- blocks given back while a request runs -------------------------------------------------------
+
+def run_and_sample_blocks(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list[int], dict[str, int]]:
+    """Steps the engine by hand; returns the tokens and the most blocks each kind held at a step."""
+    core = llm.engine
+    p = _C.SamplingParams()
+    p.temperature, p.max_tokens, p.ignore_eos = 0.0, max_tokens, True
+    core.add_request(7, prompt, p, [])
+    out: list[int] = []
+    peak: dict[str, int] = {}
+    while core.has_unfinished():
+        for o in core.step():
+            out += o.token_ids
+        for name, k in kinds(core.stats()).items():
+            peak[name] = max(peak.get(name, 0), k["num_used_blocks"])
+    return out, peak
+
+
+def test_window_only_model_holds_the_window_through_2000_tokens(model: tuple[str, Path, Any]) -> None:
+    """Mistral: 2,000 generated tokens in a pool of 8 blocks (128 token slots), never more than
+    ceil(W / block_size) + 1 blocks held, transformers' tokens. The mixed Qwen2's window pool stays
+    as small while its full pool holds the whole sequence."""
+    name, path, ref = model
+    window = MISTRAL_WINDOW if name == "mistral" else QWEN_WINDOW
+    n = 2000 if name == "mistral" else 300
+    prompt = random_prompts(1, 320, [10], seed=6)[0]
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=8 if name == "mistral" else 32)
+    got, peak = run_and_sample_blocks(llm, prompt, n)
+    assert got == hf_greedy(ref, prompt, n)
+    bound = math.ceil(window / BLOCK) + 1
+    assert peak[f"sliding_window_{window}"] <= bound
+    if name == "qwen2_mixed":
+        assert peak["full"] == math.ceil((len(prompt) + n - 1) / BLOCK)
+    stats = llm.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    for k in stats["kv_kinds"]:
+        assert k["num_free_blocks"] == k["num_total_blocks"]
+
+
+def test_kinds_in_stats_and_long_prompts_in_a_small_window_pool(tmp_path: Path) -> None:
+    """The stats name each kind's pool and its layers; a window-only pool of 8 blocks prefills a
+    500-token prompt chunk by chunk (each chunk and the window before it fit), as transformers."""
+    path = build_tiny_model(tmp_path / "m", **MODELS["mistral"])
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=8, max_num_batched_tokens=32)
+    assert [(k["kind"], k["num_layers"], k["num_total_blocks"]) for k in llm.stats()["kv_kinds"]] == [
+        (f"sliding_window_{MISTRAL_WINDOW}", 2, 8)]
+    prompt = random_prompts(1, 320, [500], seed=7)[0]
+    got, peak = run_and_sample_blocks(llm, prompt, 20)
+    assert got == hf_greedy(hf_model(path), prompt, 20)
+    assert peak[f"sliding_window_{MISTRAL_WINDOW}"] <= math.ceil((MISTRAL_WINDOW + 32 - 1) / BLOCK) + 1
+    # Whole-prompt prefill needs every block of the prompt at once: the pool is too small.
+    whole = LLM(str(path), dtype="float32", num_kv_blocks=8, enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match="KV pool"):
+        whole.generate([prompt], SamplingParams(max_tokens=2), use_tqdm=False)
+    # An older Hub config (no layer_types): the kinds come from max_window_layers.
+    mixed = build_tiny_model(tmp_path / "q", **MODELS["qwen2_mixed"], edit_config=lambda c: c.pop("layer_types"))
+    assert "layer_types" not in json.loads((mixed / "config.json").read_text())
+    llm = LLM(str(mixed), dtype="float32", num_kv_blocks=8)
+    assert [(k["kind"], k["num_layers"]) for k in llm.stats()["kv_kinds"]] == [
+        ("full", 1), (f"sliding_window_{QWEN_WINDOW}", 2)]
+    np.testing.assert_allclose(llm._model.score(prompt[:60]), hf_logits(hf_model(mixed), prompt[:60]).numpy(),
+                               atol=LOGIT_ATOL, rtol=1e-4)

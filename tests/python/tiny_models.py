@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,8 +18,12 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> 
 
 def build_tiny_model(path: Path, arch: str = "llama", *, vocab_size: int = 320, hidden: int = 64,
                      layers: int = 2, heads: int = 4, kv_heads: int = 2, inter: int = 160,
-                     tie: bool = False, seed: int = 0, max_pos: int = 1024, **extra: Any) -> Path:
-    """Saves config.json + model.safetensors + a word-level tokenizer into `path`."""
+                     tie: bool = False, seed: int = 0, max_pos: int = 1024,
+                     edit_config: Callable[[dict[str, Any]], None] | None = None, **extra: Any) -> Path:
+    """Saves config.json + model.safetensors + a word-level tokenizer into `path`.
+
+    edit_config changes the saved config.json in place (e.g. drops the layer_types transformers 5
+    writes, as older Hub configs lack them); transformers reloads the edited file."""
     torch.manual_seed(seed)
     kwargs: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter,
                                   num_hidden_layers=layers, num_attention_heads=heads,
@@ -34,6 +39,10 @@ def build_tiny_model(path: Path, arch: str = "llama", *, vocab_size: int = 320, 
                 p.add_(torch.randn_like(p) * 0.1)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
+    if edit_config is not None:
+        cfg = json.loads((path / "config.json").read_text())
+        edit_config(cfg)
+        (path / "config.json").write_text(json.dumps(cfg, indent=2))
     save_word_tokenizer(path, vocab_size)
     return path
 

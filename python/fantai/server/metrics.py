@@ -119,6 +119,12 @@ class ServerMetrics:
         lines = _metric("gauge", "kv_cache_blocks_used", "KV blocks allocated to requests.",
                         [("", used)])
         lines += _metric("gauge", "kv_cache_blocks_total", "KV blocks in the pool.", [("", total)])
+        # One pool per attention kind (full, each sliding window): the totals above are their sums.
+        kinds = stats.get("kv_kinds") or []
+        lines += _metric("gauge", "kv_cache_kind_blocks_used", "KV blocks allocated, per attention kind.",
+                         [(f'{{kind="{k["kind"]}"}}', k["num_used_blocks"]) for k in kinds])
+        lines += _metric("gauge", "kv_cache_kind_blocks_total", "KV blocks in the pool, per attention kind.",
+                         [(f'{{kind="{k["kind"]}"}}', k["num_total_blocks"]) for k in kinds])
         lines += _metric("gauge", "kv_cache_utilization", "Used / allocated KV slots.",
                          [("", float(util))])
         lines += _metric("counter", "num_preemptions_total", "Preempted requests.",

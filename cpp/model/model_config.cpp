@@ -99,7 +99,9 @@ void parse_family(const json& j, ModelConfig& c) {
   const std::string& a = c.architecture;
   const bool gemma = a == "Gemma2ForCausalLM" || a == "Gemma3ForCausalLM";
   c.qk_norm = a == "Qwen3ForCausalLM" || a == "Gemma3ForCausalLM";
-  c.norm_plus_one = c.sandwich_norms = gemma;
+  c.sandwich_norms = gemma;
+  // A GGUF from llama.cpp's converter already holds 1 + w (its loader says so in this key).
+  c.norm_plus_one = gemma && !get_or<bool>(j, "norm_weights_include_one", false);
   const std::string act = get_or<std::string>(j, "hidden_activation",
                                               get_or<std::string>(j, "hidden_act", "silu"));
   FANTAI_REQUIRE(act == "silu" || act == "gelu_pytorch_tanh",

@@ -34,7 +34,8 @@ VARIANTS = {
                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
     # fused qkv_proj / gate_up_proj in the checkpoint, 3/4 of each head rotated, longrope
-    "phi3_longrope_partial": dict(arch="phi3", heads=4, kv_heads=2, max_pos=1024, pad_token_id=0, rope_parameters={
+    "phi3_longrope_partial": dict(arch="phi3", heads=4, kv_heads=2, max_pos=1024, pad_token_id=0,
+        original_max_position_embeddings=256, rope_parameters={
         "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
         "original_max_position_embeddings": 256,
         "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5], "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0]}),

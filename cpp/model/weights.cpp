@@ -190,7 +190,12 @@ bool Weights::set_ggml(const std::string& name, const void* data, size_t nbytes,
     return false;
   }
   if (ggml_is_quant(ggml_type) && s.qparts) {
-    const QuantTensor t = ggml_decode(data, nbytes, ggml_type, rows, cols, row_perm);
+    QuantTensor t;
+    try {
+      t = ggml_decode(data, nbytes, ggml_type, rows, cols, row_perm);
+    } catch (const InvalidArgument& e) {
+      FANTAI_THROW("tensor " << name << ": " << e.what());
+    }
     add_quant_part(s, name, t.view(), t.format);
     return true;
   }

@@ -30,6 +30,24 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        # The core holds these in fixed-width integers: a value outside them is an error here, in
+        # the request's terms, not an overflow at the binding.
+        int32 = (-(2**31), 2**31 - 1)
+        for name in ("n", "best_of", "top_k", "max_tokens", "min_tokens", "logprobs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not int32[0] <= value <= int32[1]):
+                raise ValueError(f"{name} must be an integer in [{int32[0]}, {int32[1]}], got {value!r}")
+        if self.seed is not None and not -(2**63) <= self.seed <= 2**63 - 1:
+            raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        for t in self.stop_token_ids:
+            if not int32[0] <= t <= int32[1]:
+                raise ValueError(f"stop_token_ids entry {t} is not a token id")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if self.best_of is not None and self.best_of < self.n:

@@ -25,6 +25,7 @@ class ServerConfig:
     tool_call_parser: str | None = "hermes"
     generation_config: str | None = "auto"
     disable_log_requests: bool = False
+    max_waiting_requests: int = 1024  # beyond the running batch; then 503 + Retry-After
     created: int = field(default_factory=lambda: int(time.time()))
 
 

@@ -60,6 +60,8 @@ void init_mpi() {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
   }
+  // Spawned ranks may outnumber the cores (TP = 3 on two): slower, never refused.
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
   int provided = 0;
   // Collectives come from one thread at a time (the engine loop), not always the main one.
   FANTAI_REQUIRE(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) == MPI_SUCCESS,
@@ -241,6 +243,7 @@ std::shared_ptr<Communicator> mpi_connect(int world_size, const std::vector<std:
   std::vector<int> errcodes(world_size - 1);
   MPI_Comm inter;
   std::string program = worker_argv[0];
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);  // a failed spawn is an error, not an abort
   FANTAI_REQUIRE(MPI_Comm_spawn(program.data(), argv.data(), world_size - 1, MPI_INFO_NULL, 0, MPI_COMM_SELF,
                                 &inter, errcodes.data()) == MPI_SUCCESS,
                  "MPI_Comm_spawn of " << world_size - 1 << " tensor-parallel rank(s) failed");

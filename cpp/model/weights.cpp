@@ -1,4 +1,5 @@
 // model: weight buffers, Hugging Face name mapping and fusion of q/k/v and gate/up.
+// Just over 400 lines: the tensor-parallel cut of set / set_ggml sits beside the setters it feeds.
 #include "model/weights.h"
 
 #include <algorithm>

@@ -5,10 +5,12 @@
 #include <pybind11/stl.h>
 
 #include "backend/backend.h"
+#include "backend/mpi_communicator.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "engine/engine.h"
 #include "engine/engine_loop.h"
+#include "engine/tp_worker.h"
 #include "model/model.h"
 #include "model/quant_formats.h"
 
@@ -461,6 +463,37 @@ PYBIND11_MODULE(_C, m) {
   bind_model(m);
   bind_quant(m);
   bind_engine(m);
+  // Tensor parallelism: the process's communicator is set before any backend is made.
+  m.def("mpi_unavailable_reason", &mpi_unavailable_reason);
+  m.def("tp_world_rank", &mpi_world_rank);
+  m.def(
+      "tp_connect",
+      [](int world_size, const std::vector<std::string>& worker_argv, double timeout_s) {
+        auto comm = mpi_connect(world_size, worker_argv, timeout_s);
+        set_process_communicator(comm);
+        return comm->rank();
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "tp_join",
+      [](double timeout_s) {
+        auto comm = mpi_join(timeout_s);
+        set_process_communicator(comm);
+        return comm->rank();
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("tp_reset", [] { set_process_communicator(nullptr); });
+  m.def("tp_worker_loop", &engine::run_tp_worker, py::call_guard<py::gil_scoped_release>());
+  m.def("tp_stats", [] {
+    const CommStats s = process_communicator()->stats();
+    py::dict d;
+    d["rank"] = process_communicator()->rank();
+    d["world_size"] = process_communicator()->world_size();
+    d["all_reduce_calls"] = s.all_reduce_calls;
+    d["all_reduce_bytes"] = s.all_reduce_bytes;
+    d["seconds"] = s.seconds;
+    return d;
+  });
   m.def("cpu_isa", &host_cpu_isa);
   m.def("cpu_isa_levels", &host_cpu_isa_levels);
   m.def("default_threads", &host_default_threads);

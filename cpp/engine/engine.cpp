@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "engine/tp_worker.h"
 #include "sampling/sampler.h"
 
 namespace fantai::engine {
@@ -69,9 +70,19 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
       SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},
       blocks_.get());
   runner_ = std::make_unique<ModelRunner>(model_, cache_.get());
+  if (model_->tp_shard().active()) tp_handshake_leader(*model_, num_blocks, config_.block_size, kv_dtype);
   FANTAI_LOG(kInfo, "KV pool: " << num_blocks << " blocks x " << config_.block_size
                                 << " tokens = " << int64_t{num_blocks} * config_.block_size << " tokens, "
                                 << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
+}
+
+Engine::~Engine() {
+  if (!model_->tp_shard().active()) return;
+  try {
+    tp_send_stop(*model_);
+  } catch (const std::exception& e) {  // the group already failed and said why
+    FANTAI_LOG(kWarning, "tensor-parallel ranks not stopped: " << e.what());
+  }
 }
 
 void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling::SamplingParams& p) const {

@@ -99,6 +99,7 @@ struct EngineSnapshot {
 class Engine {
  public:
   Engine(std::shared_ptr<model::Model> model, EngineConfig config);
+  ~Engine();  // under tensor parallelism, lets the other ranks leave their loop
 
   // Throws InvalidArgument (the request is not added) for bad params or a prompt that can't fit.
   // `siblings` (n > 1): extra sequences that share this prompt's KV. They are forked from the

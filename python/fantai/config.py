@@ -21,7 +21,12 @@ class CoreHolder:
     """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
 
     def __init__(self, options: EngineArgs) -> None:
-        loaded = load_model(options.model, options.dtype, options.threads, options.device,
+        from fantai.tp_launch import start_ranks
+
+        # Under tensor parallelism the other ranks start here (or already run under mpirun) and
+        # load their shares beside this one; rank 0 goes on as the only engine.
+        threads = start_ranks(options)
+        loaded = load_model(options.model, options.dtype, threads, options.device,
                             quantization=options.quantization, dequantize=options.dequantize)
         self.options = options
         self.model_path = loaded.path

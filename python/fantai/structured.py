@@ -99,17 +99,39 @@ class _TokenTable:
         self.special_token_ids = list(tokenizer.all_special_ids)
         unk = tokenizer.token_to_id("<unk>")
         self._unk = unk if unk is not None and unk not in eos else None
+        self._by_bytes: dict[bytes, int] | None = None
 
     def __call__(self, text: bytes | str) -> list[int]:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        ids = list(self._tok.encode(text, add_special_tokens=False))
-        # llguidance turns bytes a grammar forces into tokens through this: an unknown-word token
-        # (vocabularies without byte fallback) is no tokenization of them, and forcing it would
-        # leave the grammar. The tokens before it are; llguidance matches the rest itself.
-        if self._unk is not None and self._unk in ids and "<unk>" not in text:
-            return ids[:ids.index(self._unk)]
+        raw = text if isinstance(text, bytes) else text.encode()
+        ids = list(self._tok.encode(raw.decode("utf-8", errors="replace"),
+                                    add_special_tokens=False))
+        # llguidance spells the bytes a grammar forces through this. A vocabulary without byte
+        # fallback answers an unknown word with <unk>, which spells nothing: spell the bytes
+        # from the vocabulary itself instead, longest token first.
+        if self._unk is not None and self._unk in ids and b"<unk>" not in raw:
+            return self._longest_first(raw)
         return ids
+
+    def _longest_first(self, raw: bytes) -> list[int]:
+        if self._by_bytes is None:
+            specials = set(self.special_token_ids)
+            self._by_bytes = {}
+            for i, piece in enumerate(self.tokens):
+                if piece and i not in specials:
+                    self._by_bytes.setdefault(piece, i)
+        longest = max(map(len, self._by_bytes), default=1)
+        out: list[int] = []
+        pos = 0
+        while pos < len(raw):
+            for size in range(min(longest, len(raw) - pos), 0, -1):
+                tid = self._by_bytes.get(raw[pos:pos + size])
+                if tid is not None:
+                    out.append(tid)
+                    pos += size
+                    break
+            else:
+                break  # a byte no token spells: the spelled prefix is all there is
+        return out
 
 
 class GrammarCompiler:
@@ -206,13 +228,27 @@ class MaskProvider:
         self._rows: dict[int, _Row] = {}
         self._lock = threading.Lock()
         self._executor: Any = None
+        self._spells: bool | None = None
+        self.fills = 0  # steps the core asked for masks (a step without grammar rows never does)
 
     @property
     def compiler(self) -> GrammarCompiler:
         with self._lock:
             if self._compiler is None:
                 self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos)
+                if not self.spells_every_byte():
+                    logger.warning("this vocabulary cannot spell every byte (no byte fallback): "
+                                   "grammar masks may refuse text the grammar allows")
             return self._compiler
+
+    def spells_every_byte(self) -> bool:
+        """True when every printable ASCII byte is one token (byte-level BPE, byte fallback).
+        llguidance's masks assume a vocabulary can spell whatever a grammar forces; a word-level
+        vocabulary without byte fallback cannot, and its masks can then be wrong."""
+        if self._spells is None:
+            pieces = {self._tokenizer.id_to_piece(i) for i in range(self._tokenizer.vocab_size)}
+            self._spells = all(bytes([b]) in pieces for b in range(0x20, 0x7F))
+        return self._spells
 
     def ready(self, spec: GrammarSpec) -> bool:
         """True when a matcher for `spec` costs no compile (tables built, grammar cached)."""
@@ -242,6 +278,7 @@ class MaskProvider:
     def fill(self, ids: list[int], fed: list[int], tokens: list[list[int]], address: int,
              words: int) -> None:
         """Called by the core's grammar hook (its own thread): feed, then write one mask a row."""
+        self.fills += 1
         nbytes = words * 4
         todo: list[tuple[Any, int]] = []
         with self._lock:

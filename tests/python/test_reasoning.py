@@ -161,3 +161,23 @@ def test_every_split_of_the_stream_gives_the_same_parts(name: str) -> None:
     r1 = get_reasoning_parser("deepseek_r1")
     assert r1.split("thinking</think>answer")[:2] == ("thinking", "answer")  # template opened it
     assert get_reasoning_parser("qwen3").split("no think tags")[:2] == (None, "no think tags")
+
+
+def test_constraint_applies_after_the_reasoning_block(client: openai.OpenAI) -> None:
+    for stream in (False, True):
+        kwargs: dict[str, Any] = dict(model="thinker", messages=MSGS, temperature=0,
+                                      max_tokens=40,
+                                      extra_body={"guided_choice": ["Answer two", "No answer"]})
+        if not stream:
+            msg = client.chat.completions.create(**kwargs).choices[0].message
+            reasoning, content = _extra(msg, "reasoning_content"), msg.content
+        else:
+            parts: dict[str, list[str]] = {"r": [], "c": []}
+            for chunk in client.chat.completions.create(stream=True, **kwargs):
+                if chunk.choices:
+                    d = chunk.choices[0].delta
+                    parts["r"].append(_extra(d, "reasoning_content") or "")
+                    parts["c"].append(d.content or "")
+            reasoning, content = "".join(parts["r"]), "".join(parts["c"])
+        assert reasoning == REASONING  # thought freely, then the grammar took over
+        assert content == "Answer two"

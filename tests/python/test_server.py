@@ -549,7 +549,7 @@ BAD_CASES: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("bad json schema", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_schema", "json_schema": {
-          "name": "x", "schema": {"type": "nonsense"}}}}, {}, 400, "response_format"),
+          "name": "x", "schema": {"type": "nonsense"}}}}, {}, 400, "JSON schema"),
     ("image part", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "user", "content": [
          {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, {}, 400, "image_url"),

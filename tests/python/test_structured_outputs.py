@@ -252,6 +252,27 @@ def test_named_tool_choice_forces_that_function(client: openai.OpenAI) -> None:
             WeatherArgs.model_validate_json(args)
 
 
+def test_strict_tools_under_auto_choice(client: openai.OpenAI) -> None:
+    strict = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
+    shot = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": '
+            '"celsius"}}\n</tool_call>')
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": shot},
+            {"role": "user", "content": "Weather in Rome?"}]
+    out = client.chat.completions.create(model=_model(client), messages=msgs, tools=[strict],
+                                         tool_choice="auto", temperature=0.8, seed=3, n=8,
+                                         max_tokens=80)
+    called = 0
+    for c in out.choices:
+        if c.message.tool_calls:  # the model chose to call: the strict schema held
+            called += 1
+            for call in c.message.tool_calls:
+                WeatherArgs.model_validate_json(call.function.arguments)
+        else:  # or it answered in text, which never opens a call
+            assert "<tool_call>" not in (c.message.content or "")
+    assert called > 0
+
+
 def test_anthropic_tool_choice_any_and_tool(server: ServerProcess) -> None:
     import anthropic
 
@@ -342,6 +363,10 @@ def test_llm_generate_structured_outputs(llm: Any) -> None:
     from fantai import SamplingParams
     from fantai.sampling_params import GuidedDecodingParams, StructuredOutputsParams
 
+    plain = llm.generate("Hello", SamplingParams(temperature=0.8, seed=1, max_tokens=8),
+                         use_tqdm=False)
+    assert len(plain[0].outputs[0].token_ids) == 8
+    assert llm.grammars.fills == 0  # no constrained row: the core never called the provider
     schema = Pet.model_json_schema()
     prompts = ["A pet as JSON:", "Another pet, as JSON:"]
     params = [SamplingParams(temperature=0.9, seed=s, n=3, max_tokens=60, logprobs=2,
@@ -354,7 +379,10 @@ def test_llm_generate_structured_outputs(llm: Any) -> None:
             assert comp.finish_reason == "stop", comp.text
             Pet.model_validate_json(comp.text)
             assert comp.logprobs is not None and len(comp.logprobs) == len(comp.token_ids)
+    assert llm.grammars.fills > 0
+    compiles = llm.grammars.compiler.compiles
     again = llm.generate(prompts, params, use_tqdm=False)  # seeded: the same again
+    assert llm.grammars.compiler.compiles == compiles  # cached by its text: no second compile
     assert [[c.text for c in o.outputs] for o in again] == [[c.text for c in o.outputs]
                                                             for o in outs]
     old = llm.generate("Pick:", SamplingParams(

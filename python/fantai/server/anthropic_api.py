@@ -127,7 +127,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     params = _params(ctx, body, check_max_tokens(body.max_tokens, len(ids), ctx.max_model_len))
     if plan.parse and ctx.tool_parser is not None and ctx.tool_parser.name == "mistral":
         params.skip_special_tokens = False
-    apply_tool_grammar(plan, params)
+    apply_tool_grammar(ctx, plan, params)
     await check_constraint(ctx, params, "tools")
     call = EngineCall(new_id("msg_"), ids, params, text)
     if body.stream:

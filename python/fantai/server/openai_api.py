@@ -222,7 +222,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                                    defaults=ctx.defaults, vocab_size=ctx.vocab_size)
     if plan.parse and ctx.tool_parser is not None and ctx.tool_parser.name == "mistral":
         params.skip_special_tokens = False  # [TOOL_CALLS] is a special token
-    apply_tool_grammar(plan, params)
+    apply_tool_grammar(ctx, plan, params)
     await check_constraint(ctx, params, "tools" if plan.grammar else constraint_param(body))
     rid = new_id("chatcmpl-")
     reply = _Reply(rid, model, int(time.time()), [EngineCall(rid, ids, params, text)], body.n,

@@ -5,11 +5,17 @@ opening <think> into the prompt, so everything before </think> is reasoning, wit
 opening tag, and output that never closes the block is all reasoning.
 qwen3: reasoning only inside an explicit opening <think> (thinking can be switched off through
 chat_template_kwargs {"enable_thinking": false}, and then the output is all content).
+With a parser on, an output constraint (response_format, guided_*, tool grammars) applies to the
+answer after the reasoning block, not to the reasoning (reasoning_grammar).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
+
+from fantai.structured import StructuredOutputsParams, json_lark, lark_string
 
 
 class ReasoningParser:
@@ -92,3 +98,46 @@ class StreamingReasoning:
         piece = reasoning[self.sent:] if len(reasoning) > self.sent else ""
         self.sent = max(self.sent, len(reasoning))
         return ReasoningDelta(piece, content)
+
+
+def _answer_rules(so: StructuredOutputsParams) -> list[str] | None:
+    """Lark rules defining `answer` as the constraint's language, or None (left unwrapped)."""
+    if so.json_object:
+        return [f"answer: {json_lark({'type': 'object'})}"]
+    if so.json is not None:
+        schema = json.loads(so.json) if isinstance(so.json, str) else so.json
+        return [f"answer: {json_lark(schema)}"] if isinstance(schema, dict) else None
+    if so.regex is not None:
+        return ["answer: /" + so.regex.replace("/", "\\/") + "/"]
+    if so.choice is not None:
+        return ["answer: " + " | ".join(lark_string(c) for c in so.choice)]
+    text = so.grammar or ""
+    if "::=" in text:
+        try:
+            from llguidance.gbnf_to_lark import gbnf_to_lark
+
+            text = gbnf_to_lark(text)
+        except Exception:  # noqa: BLE001  (the compiler reports it on the unwrapped grammar)
+            return None
+    # Lark's entry rule renamed; only where `start` is not also used inside the grammar.
+    if len(re.findall(r"\bstart\b", text)) != 1 or not re.search(r"^start\s*:", text, re.M):
+        return None
+    return [re.sub(r"^start(\s*):", r"answer\1:", text, count=1, flags=re.M)]
+
+
+def reasoning_grammar(parser: ReasoningParser, so: StructuredOutputsParams
+                      ) -> StructuredOutputsParams:
+    """The constraint with a reasoning block allowed before it: the model thinks freely, then
+    the answer follows the grammar. (A lazy lexeme that stops at the closing tag: a greedy one
+    could not hand the tag back.)"""
+    answer = _answer_rules(so)
+    if answer is None:
+        return so
+    opener = lark_string(parser.start)
+    think = f"({opener}? thought WS?)?" if parser.implicit_start else f"({opener} thought WS?)?"
+    rules = [f"start: {think} answer",
+             f"thought[stop={lark_string(parser.end)}]: /(?s:.*)/",
+             "WS: /[ \\t\\r\\n]+/", *answer]
+    if any(line.lstrip().startswith("WS:") for line in answer[-1].splitlines()):
+        rules.remove("WS: /[ \\t\\r\\n]+/")
+    return StructuredOutputsParams(grammar="\n".join(rules) + "\n")

@@ -223,7 +223,7 @@ def _tools(body: ResponsesRequest) -> list[dict[str, Any]] | None:
             raise APIError(f"tools[{i}]: only function tools (with a name) are supported.",
                            param="tools")
         tools.append({"type": "function", "function": {
-            "name": t.name, "description": t.description or "",
+            "name": t.name, "description": t.description or "", "strict": bool(t.strict),
             "parameters": t.parameters or {"type": "object", "properties": {}}}})
     return tools or None
 
@@ -404,7 +404,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     params = _params(ctx, body, max_tokens)
     if plan.parse and ctx.tool_parser is not None and ctx.tool_parser.name == "mistral":
         params.skip_special_tokens = False
-    apply_tool_grammar(plan, params)
+    apply_tool_grammar(ctx, plan, params)
     await check_constraint(ctx, params, "tools" if plan.grammar else "text.format")
     reply.call = EngineCall(reply.id, ids, params, text)
     if body.stream:

@@ -113,10 +113,11 @@ def _settled(args_text: str, closer: str = "") -> str:
     return args_text.rstrip(" \t\r\n}")
 
 
-def _call_object_rules(tools: list[dict[str, Any]], name: str | None, args_key: str
-                       ) -> list[str]:
+def _call_object_rules(tools: list[dict[str, Any]], name: str | None, args_key: str,
+                       strict_only: bool = False) -> list[str]:
     """Lark rules `obj` (one call object, name first, as the parsers read it) and one `argsN`
-    per function, its arguments as the function's JSON schema."""
+    per function, its arguments as the function's JSON schema (strict_only: only functions that
+    ask for `strict`; the others' arguments are any JSON object)."""
     alts: list[str] = []
     rules: list[str] = []
     for i, tool in enumerate(tools):
@@ -124,6 +125,8 @@ def _call_object_rules(tools: list[dict[str, Any]], name: str | None, args_key: 
         if name is not None and fn.get("name") != name:
             continue
         schema = fn.get("parameters") or {"type": "object"}
+        if strict_only and not fn.get("strict"):
+            schema = {"type": "object"}
         head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + f', "{args_key}": '
         rules.append(f"fn{i}: {lark_string(head)} args{i} \"}}\"")
         rules.append(f"args{i}: {json_lark(schema)}")
@@ -160,7 +163,8 @@ class ToolParser:
         return None
 
     def forced_prefix(self, function_name: str | None) -> str:
-        """Prompt text that opens a call (tool_choice required / named): no grammar engine yet."""
+        """Prompt text that opens a call (tool_choice required / named) where no grammar can
+        force one (a vocabulary that cannot spell every byte: see MaskProvider)."""
         raise NotImplementedError
 
     def call_grammar(self, tools: list[dict[str, Any]], name: str | None, parallel: bool = True,
@@ -168,6 +172,11 @@ class ToolParser:
         """A Lark grammar whose every sentence is one call (or several, `parallel`) in this
         parser's syntax, of `name` or of any tool, its arguments following the tool's schema."""
         raise NotImplementedError
+
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+        """tool_choice auto with `strict` functions: free text, or text then calls whose
+        arguments follow the strict schemas. None: this syntax cannot say so (not enforced)."""
+        return None
 
     def extract(self, text: str) -> tuple[str, list[ParsedToolCall]]:
         start = self.marker_index(text)
@@ -218,6 +227,17 @@ class HermesParser(ToolParser):
         start = "start: call (WS? call)*" if parallel else "start: call"
         call = 'call: "<tool_call>" WS? obj WS? "</tool_call>"'
         return "\n".join([start, call, *_call_object_rules(tools, name, "arguments")]) + "\n"
+
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+        # Text that never opens a call, or text up to the first <tool_call> (a lazy lexeme that
+        # stops there), then calls. A greedy text lexeme could not give the marker back.
+        more = ' (WS? "<tool_call>" call)*' if parallel else ""
+        return "\n".join([
+            f"start: TEXT | pre call{more}",
+            "TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
+            'pre[stop="<tool_call>"]: /(?s:.*)/',
+            'call: WS? obj WS? "</tool_call>"',
+            *_call_object_rules(tools, None, "arguments", strict_only=True)]) + "\n"
 
 
 class Llama3JsonParser(ToolParser):

@@ -389,6 +389,12 @@ def test_llm_generate_structured_outputs(llm: Any) -> None:
         temperature=1.0, max_tokens=8, guided_decoding=GuidedDecodingParams(choice=["yes", "no"])),
         use_tqdm=False)
     assert old[0].outputs[0].text in ("yes", "no")
+    # min_tokens bans EOS, but a finished grammar allows nothing else: the grammar wins.
+    short = llm.generate("Pick:", SamplingParams(
+        temperature=1.0, max_tokens=8, min_tokens=6,
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no"])), use_tqdm=False)
+    assert short[0].outputs[0].text in ("yes", "no")
+    assert short[0].outputs[0].finish_reason == "stop"
     with pytest.raises(ValueError, match="regex"):
         llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(regex="(")),
                      use_tqdm=False)
@@ -430,3 +436,65 @@ def test_responses_json_schema_output(client: openai.OpenAI) -> None:
                                  max_output_tokens=300) as stream:
         final = stream.get_final_response()
     assert isinstance(final.output_parsed, Person)
+
+
+# ---------------------------------------------------------------- units: the grammars themselves
+
+@pytest.fixture(scope="module")
+def compiler() -> Any:
+    from fantai.model_files import default_model_path
+    from fantai.structured import GrammarCompiler
+    from fantai.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_model_path(default_model_path())
+    return tok, GrammarCompiler(tok, 49152)
+
+
+@pytest.mark.parametrize("parser_name", ["hermes", "llama3_json", "mistral"])
+def test_tool_grammar_writes_what_its_parser_reads(compiler: Any, parser_name: str) -> None:
+    from fantai.server.tool_parsers import get_parser
+    from fantai.structured import GrammarSpec
+
+    tok, comp = compiler
+    parser = get_parser(parser_name)
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    grammar = parser.call_grammar(tools, None, True, tok.token_to_id)
+    args = [("get_weather", {"city": "Oslo", "unit": "celsius"}), ("get_time", {"tz": "UTC"})]
+    objs = [json.dumps({"name": n, ("parameters" if parser_name == "llama3_json" else
+                                    "arguments"): a}) for n, a in args]
+    text = {"hermes": "\n".join(f"<tool_call>\n{o}\n</tool_call>" for o in objs),
+            "llama3_json": "; ".join(objs),
+            "mistral": "[TOOL_CALLS][" + ", ".join(objs) + "]"}[parser_name]
+    matcher = comp.matcher(GrammarSpec("lark", grammar))
+    assert matcher.consume_tokens(tok.encode(text, add_special_tokens=False)), matcher.get_error()
+    assert matcher.is_accepting()
+    _, calls = parser.extract(text)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == args
+    wrong = comp.matcher(GrammarSpec("lark", grammar))  # arguments off the schema are refused
+    bad = text.replace('"celsius"', '"kelvin"')
+    assert not wrong.consume_tokens(tok.encode(bad, add_special_tokens=False))
+
+
+def test_request_fields_map_to_one_constraint() -> None:
+    from fantai.server.errors import APIError
+    from fantai.server.params import structured_from_request
+    from fantai.server.protocol import ChatCompletionRequest
+
+    def so(**extra: Any) -> Any:
+        return structured_from_request(ChatCompletionRequest(
+            messages=[{"role": "user", "content": "x"}], **extra))
+
+    assert so() is None and so(response_format={"type": "text"}) is None
+    assert so(response_format={"type": "json_object"}).spec().kind == "json"
+    schema = {"type": "object"}
+    fmt = so(response_format={"type": "json_schema", "json_schema": {"name": "a",
+                                                                     "schema": schema}})
+    assert json.loads(fmt.spec().text) == schema
+    assert so(guided_regex="a+").spec() == so(structured_outputs={"regex": "a+"}).spec()
+    assert so(guided_choice=["a"]).spec().kind == "lark"
+    assert so(structured_outputs={"grammar": "root ::= \"a\"", "backend": "x"}).spec().kind == \
+        "lark"
+    for bad in ({"structured_outputs": {"frob": 1}}, {"guided_json": schema, "guided_regex": "a"},
+                {"structured_outputs": {"json": schema, "regex": "a"}}):
+        with pytest.raises(APIError):
+            so(**bad)

@@ -69,6 +69,10 @@ def test_stream_event_sequence(client: openai.OpenAI) -> None:
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == TEXT
     assert final.output_text == TEXT and final.status == "completed"
     assert client.responses.retrieve(final.id).output_text == TEXT
+    cut = list(client.responses.create(model="tiny", input="Hi", temperature=0,
+                                       max_output_tokens=3, stream=True))
+    assert cut[-1].type == "response.incomplete"
+    assert cut[-1].response.incomplete_details.reason == "max_output_tokens"
 
 
 def test_function_call_round_trip_through_previous_response_id(client: openai.OpenAI) -> None:

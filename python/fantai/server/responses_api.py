@@ -574,4 +574,6 @@ async def _events(ctx: ServerContext, reply: _Reply, plan: ToolPlan
     reply.output = w.items
     final = _response_body(reply, "completed", comp)
     _remember(ctx, reply, final)
-    yield w.event("response.completed", response=final)
+    # Cut by max_output_tokens: OpenAI ends such a stream with response.incomplete.
+    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    yield w.event(kind, response=final)

@@ -277,7 +277,9 @@ class MaskProvider:
 
     def fill(self, ids: list[int], fed: list[int], tokens: list[list[int]], address: int,
              words: int) -> None:
-        """Called by the core's grammar hook (its own thread): feed, then write one mask a row."""
+        """Called by the core's grammar hook (its own thread): feed, then write one mask a row.
+        Never raises for a row's sake: an error would fail the whole step (every request in
+        it), so a row whose matcher cannot go on gets an EOS-only mask and a warning instead."""
         self.fills += 1
         nbytes = words * 4
         todo: list[tuple[Any, int]] = []
@@ -285,8 +287,7 @@ class MaskProvider:
             rows = [self._rows.get(i) for i in ids]
         for k, (cid, row) in enumerate(zip(ids, rows)):
             if row is None:
-                logger.warning("constrained request %d has no matcher: it may only end", cid)
-                self._end_only(address + k * nbytes, words)
+                self._end_only(address + k * nbytes, words, cid, "has no matcher")
                 continue
             m = row.matcher
             if row.fed != fed[k]:
@@ -296,24 +297,32 @@ class MaskProvider:
                 m.consume_tokens(tokens[k])
                 row.fed = fed[k] + len(tokens[k])
             if m.is_error():
-                logger.warning("constrained request %d left its grammar: %s", cid, m.get_error())
-                self._end_only(address + k * nbytes, words)
+                self._end_only(address + k * nbytes, words, cid, m.get_error())
                 continue
             todo.append((m, k))
-        if not todo:
-            return
         if len(todo) == 1:
             todo[0][0].unsafe_compute_mask_ptr(address + todo[0][1] * nbytes, nbytes)
-        else:
+        elif todo:
             if self._executor is None:
                 import llguidance
 
                 self._executor = llguidance.LLExecutor()
             self._executor.unsafe_compute_mask_ptr(todo, address, nbytes, len(ids))
+        for m, k in todo:  # a matcher that failed inside the mask computation wrote no bits
+            if m.is_error() or not self._any_bit(address + k * nbytes, words):
+                self._end_only(address + k * nbytes, words, ids[k],
+                               m.get_error() or "allows no token")
 
-    def _end_only(self, address: int, words: int) -> None:
+    @staticmethod
+    def _any_bit(address: int, words: int) -> bool:
         import ctypes
 
+        return ctypes.string_at(address, words * 4).count(0) != words * 4  # C speed
+
+    def _end_only(self, address: int, words: int, cid: int, why: str) -> None:
+        import ctypes
+
+        logger.warning("constrained request %d: %s; it may only end now", cid, why)
         buf = (ctypes.c_uint32 * words).from_address(address)
         ctypes.memset(address, 0, words * 4)
         for t in self._eos or [0]:

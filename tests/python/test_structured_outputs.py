@@ -498,3 +498,26 @@ def test_request_fields_map_to_one_constraint() -> None:
                 {"structured_outputs": {"json": schema, "regex": "a"}}):
         with pytest.raises(APIError):
             so(**bad)
+
+
+def test_provider_never_fails_a_step_for_one_row(compiler: Any) -> None:
+    import ctypes
+
+    from fantai.structured import GrammarSpec, MaskProvider
+
+    tok, _ = compiler
+    provider = MaskProvider(tok, 49152, [2])
+    provider.register([7, 8], GrammarSpec("regex", "ab+"))
+    words = 49152 // 32
+    masks = (ctypes.c_uint32 * (3 * words))()
+    bad = tok.encode("zzz", add_special_tokens=False)
+    # row 7: fine; row 8: fed a token its grammar refuses; row 9: unknown to the provider
+    provider.fill([7, 8, 9], [0, 0, 0], [[], bad, []], ctypes.addressof(masks), words)
+
+    def allowed(row: int) -> list[int]:
+        return [t for t in range(49152) if (masks[row * words + t // 32] >> (t % 32)) & 1]
+
+    assert len(allowed(0)) > 1 and 2 not in allowed(0)  # "a...": EOS not yet
+    assert allowed(1) == [2] and allowed(2) == [2]  # may only end
+    provider.release([7, 8])
+    assert provider.live() == 0

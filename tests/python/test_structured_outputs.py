@@ -227,6 +227,11 @@ def test_tool_choice_required_always_calls_with_valid_arguments(client: openai.O
         for call in c.message.tool_calls:
             model = {"get_weather": WeatherArgs, "get_time": TimeArgs}[call.function.name]
             model.model_validate_json(call.function.arguments)
+    one = client.chat.completions.create(
+        model=_model(client), messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required", parallel_tool_calls=False,
+        temperature=1.0, seed=12, n=4, max_tokens=120)
+    assert all(len(c.message.tool_calls or []) == 1 for c in one.choices)
 
 
 def test_named_tool_choice_forces_that_function(client: openai.OpenAI) -> None:
@@ -521,3 +526,27 @@ def test_provider_never_fails_a_step_for_one_row(compiler: Any) -> None:
     assert allowed(1) == [2] and allowed(2) == [2]  # may only end
     provider.release([7, 8])
     assert provider.live() == 0
+
+
+@pytest.mark.parametrize("parser_name", ["hermes", "llama3_json"])
+def test_strict_auto_grammar_allows_text_or_schema_calls(compiler: Any, parser_name: str) -> None:
+    from fantai.server.tool_parsers import get_parser
+    from fantai.structured import GrammarSpec
+
+    tok, comp = compiler
+    strict = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
+    grammar = get_parser(parser_name).auto_grammar([strict, TIME_TOOL])
+    key = "parameters" if parser_name == "llama3_json" else "arguments"
+
+    def call(name: str, args: dict[str, Any]) -> str:
+        obj = json.dumps({"name": name, key: args})
+        return f"Let me check.<tool_call>\n{obj}\n</tool_call>" if parser_name == "hermes" else obj
+
+    def accepts(text: str) -> bool:
+        m = comp.matcher(GrammarSpec("lark", grammar))
+        return m.consume_tokens(tok.encode(text, add_special_tokens=False)) and m.is_accepting()
+
+    assert accepts("It is sunny in Oslo.")
+    assert accepts(call("get_weather", {"city": "Oslo", "unit": "celsius"}))
+    assert not accepts(call("get_weather", {"city": "Oslo", "unit": "kelvin"}))  # strict
+    assert accepts(call("get_time", {"anything": 1}))  # not strict: any object

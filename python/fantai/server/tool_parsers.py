@@ -281,6 +281,13 @@ class Llama3JsonParser(ToolParser):
         start = 'start: obj ("; " obj)*' if parallel else "start: obj"
         return "\n".join([start, *_call_object_rules(tools, name, "parameters")]) + "\n"
 
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+        # A reply is a call when it starts with "{": text is anything that does not.
+        calls = 'obj ("; " obj)*' if parallel else "obj"
+        return "\n".join([f"start: TEXT | {calls}",
+                          "TEXT: /[^{ \\t\\r\\n](?s:.*)/ & ~/(?s:.*)<\\|python_tag\\|>(?s:.*)/",
+                          *_call_object_rules(tools, None, "parameters", strict_only=True)]) + "\n"
+
 
 class MistralParser(ToolParser):
     """Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` or `[TOOL_CALLS]name{...}`."""

@@ -70,6 +70,7 @@ bench-smoke: install
 	$(BUILD)/bench/bench_kernels --short --threads 2
 	$(PY) bench/bench_offline.py --short
 	$(PY) bench/bench_serve.py --short
+	$(PY) bench/bench_structured.py engines
 
 clean:
 	rm -rf build $(VENV)

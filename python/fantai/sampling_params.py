@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fantai.structured import GuidedDecodingParams, StructuredOutputsParams
+
+__all__ = ["GuidedDecodingParams", "SamplingParams", "StructuredOutputsParams"]
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -26,6 +30,10 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # A grammar the output must follow (vLLM's structured_outputs; guided_decoding is its older
+    # name and lands here).
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,6 +64,10 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("give structured_outputs or guided_decoding, not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
 
     @property
     def greedy(self) -> bool:

@@ -546,9 +546,10 @@ BAD_CASES: list[tuple[str, str, Any, dict[str, str], int, str]] = [
      {}, 400, "functions"),
     ("suffix", "/v1/completions", {"model": "tiny", "prompt": "x", "suffix": "y"}, {}, 400,
      "suffix"),
-    ("json mode", "/v1/chat/completions",
+    ("bad json schema", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-      "response_format": {"type": "json_object"}}, {}, 400, "response_format"),
+      "response_format": {"type": "json_schema", "json_schema": {
+          "name": "x", "schema": {"type": "nonsense"}}}}, {}, 400, "JSON schema"),
     ("image part", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "user", "content": [
          {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, {}, 400, "image_url"),

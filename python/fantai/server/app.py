@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import fantai
-from fantai.server import anthropic_api, dashboard, errors, openai_api
+from fantai.server import anthropic_api, dashboard, errors, openai_api, responses_api
 from fantai.server.chat import ToolPlan, render_prompt, template_messages
 from fantai.server.errors import APIError, error_response
 from fantai.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -213,6 +213,7 @@ def build_app(engine: Any, config: ServerConfig) -> FastAPI:
     _add_token_routes(app, ctx)
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(responses_api.router)
     dashboard.install(app, ctx)
     app.add_middleware(GuardMiddleware, ctx=ctx)
     return app

@@ -1,6 +1,7 @@
 // model: config.json parsing and rotary frequencies.
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -49,7 +50,29 @@ void parse_rope(const json& j, ModelConfig& c) {
                  "unsupported rope scaling type '" << type << "' (supported: default, linear, llama3)");
 }
 
+// Mixtral names its experts num_local_experts and sizes them with intermediate_size; Qwen3-MoE
+// says num_experts (transformers 5 writes num_local_experts for it too) and moe_intermediate_size.
+void parse_moe(const json& j, ModelConfig& c) {
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  if (!mixtral) return;
+  c.num_experts = get_or<int32_t>(j, "num_local_experts", get_or<int32_t>(j, "num_experts", 0));
+  c.num_experts_per_tok = get_or<int32_t>(j, "num_experts_per_tok", 2);
+  c.moe_intermediate_size = get_or<int32_t>(j, "moe_intermediate_size", c.intermediate_size);
+  c.norm_topk_prob = true;
+  FANTAI_REQUIRE(c.num_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts &&
+                     c.moe_intermediate_size > 0,
+                 c.architecture << ": config.json needs num_experts > 0, 0 < num_experts_per_tok <= "
+                                   "num_experts and a positive expert intermediate size (got "
+                                << c.num_experts << ", " << c.num_experts_per_tok << ", "
+                                << c.moe_intermediate_size << ")");
+}
+
 }  // namespace
+
+bool ModelConfig::is_moe_layer(int32_t layer) const {
+  if (num_experts == 0 || decoder_sparse_step <= 0 || (layer + 1) % decoder_sparse_step != 0) return false;
+  return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+}
 
 ModelConfig ModelConfig::from_json(const std::string& text) {
   json j;
@@ -65,13 +88,14 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   } else {
     c.architecture = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
                      : c.model_type == "mistral" ? "MistralForCausalLM"
+                     : c.model_type == "mixtral" ? "MixtralForCausalLM"
                                                  : "LlamaForCausalLM";
   }
   FANTAI_REQUIRE(c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM" ||
-                     c.architecture == "Qwen2ForCausalLM",
-                 "unsupported architecture '"
-                     << c.architecture
-                     << "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+                     c.architecture == "Qwen2ForCausalLM" || c.architecture == "MixtralForCausalLM",
+                 "unsupported architecture '" << c.architecture
+                                              << "' (supported: LlamaForCausalLM, MistralForCausalLM, "
+                                                 "Qwen2ForCausalLM, MixtralForCausalLM)");
   c.vocab_size = get_or<int32_t>(j, "vocab_size", 0);
   c.hidden_size = get_or<int32_t>(j, "hidden_size", 0);
   c.intermediate_size = get_or<int32_t>(j, "intermediate_size", 0);
@@ -94,6 +118,7 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   c.torch_dtype = dtype_from_name(dt);
   c.eos_token_ids = token_ids(j, "eos_token_id");
   c.bos_token_id = get_or<int32_t>(j, "bos_token_id", -1);
+  parse_moe(j, c);
   return c;
 }
 
@@ -110,6 +135,7 @@ std::string ModelConfig::summary() const {
   o << architecture << ": " << num_layers << " layers, hidden " << hidden_size << ", heads " << num_heads
     << "/" << num_kv_heads << " (q/kv), head_dim " << head_dim << ", vocab " << vocab_size << ", rope "
     << rope_scaling.type << " theta " << rope_theta;
+  if (num_experts > 0) o << ", experts " << num_experts_per_tok << " of " << num_experts;
   return o.str();
 }
 

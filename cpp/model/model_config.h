@@ -17,7 +17,8 @@ struct RopeScaling {
   int32_t original_max_position_embeddings = 8192;  // llama3
 };
 
-// Llama-family decoder (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
+// Llama-family decoder (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), and its
+// mixture-of-experts form (MixtralForCausalLM).
 struct ModelConfig {
   std::string architecture = "LlamaForCausalLM";
   std::string model_type = "llama";
@@ -37,6 +38,15 @@ struct ModelConfig {
   DType torch_dtype = DType::kF32;
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
+  // Mixture of experts (model/moe.cpp); num_experts == 0 for a dense model. A sparse layer's MLP
+  // is num_experts SwiGLU experts of moe_intermediate_size, num_experts_per_tok of them per token.
+  int32_t num_experts = 0;
+  int32_t num_experts_per_tok = 0;
+  int32_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;            // the chosen experts' probabilities divided by their sum
+  int32_t decoder_sparse_step = 1;       // layer i is sparse when (i + 1) % step == 0 ...
+  std::vector<int32_t> mlp_only_layers;  // ... and i is not listed here (those keep a dense MLP)
+  bool is_moe_layer(int32_t layer) const;
 
   int32_t q_dim() const { return num_heads * head_dim; }
   int32_t kv_dim() const { return num_kv_heads * head_dim; }

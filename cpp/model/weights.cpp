@@ -11,19 +11,6 @@
 
 namespace fantai::model {
 
-// Where one checkpoint tensor goes: rows [row_offset, row_offset + rows) of `buffer`, which is
-// lazily allocated with `total_rows` rows.
-struct Weights::Slot {
-  Buffer* buffer = nullptr;
-  int64_t total_rows = 0;
-  int64_t row_offset = 0;
-  int64_t rows = 0;
-  int64_t cols = 0;              // 1 for vectors
-  bool f32 = false;              // norms and biases stay f32
-  QuantParts* qparts = nullptr;  // where quantized row ranges of this matrix go
-  bool projection = false;       // q/k/v/o/gate/up/down: quantized online when asked
-};
-
 Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend, const std::string& quantization)
     : config_(config),
       dtype_(dtype),
@@ -34,6 +21,7 @@ Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend, const
                  "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
   FANTAI_REQUIRE(quantization_ == "none" || quantization_ == "int8" || quantization_ == "int4",
                  "unknown quantization '" << quantization << "' (expected none, int8 or int4)");
+  init_experts();
 }
 
 ShardRule shard_rule(const std::string& n) {
@@ -54,6 +42,7 @@ Weights::Slot Weights::resolve(const std::string& name) {
     return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
   if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true};
   if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false, &lm_head_q_};
+  if (Slot e; resolve_expert(name, &e)) return e;
   static const std::regex re(R"(model\.layers\.(\d+)\.(\w+)\.?(\w*)\.(weight|bias))");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return {};
@@ -105,6 +94,7 @@ void Weights::copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t c
 
 bool Weights::set(const std::string& name, const void* data, DType src_dtype,
                   const std::vector<int64_t>& shape) {
+  if (shape.size() == 3 && set_fused_experts(name, data, src_dtype, shape)) return true;
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
@@ -206,6 +196,7 @@ void Weights::finalize() {
     need_linear(L.qkv, L.qkv_q, p + "self_attn.{q,k,v}_proj.weight");
     need_linear(L.o, L.o_q, p + "self_attn.o_proj.weight");
     need(L.post_norm, p + "post_attention_layernorm.weight");
+    if (config_.is_moe_layer(i)) continue;  // its experts are checked below
     need_linear(L.gate_up, L.gate_up_q, p + "mlp.{gate,up}_proj.weight");
     need_linear(L.down, L.down_q, p + "mlp.down_proj.weight");
   }
@@ -214,10 +205,13 @@ void Weights::finalize() {
   loaded_.erase(std::unique(loaded_.begin(), loaded_.end()), loaded_.end());
   for (int i = 0; i < config_.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
+    const bool moe = config_.is_moe_layer(i);
     for (const char* part : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                              "mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
+      if (moe && !std::strncmp(part, "mlp.", 4)) continue;
       if (!std::binary_search(loaded_.begin(), loaded_.end(), p + part)) missing.push_back(p + part);
     }
+    if (moe) check_experts(i, &missing);
   }
   if (!missing.empty()) {
     std::string list;
@@ -229,6 +223,7 @@ void Weights::finalize() {
   }
   pack_layers();
   pack_lm_head();
+  build_moe_views();
 }
 
 // The layer matrices move into the backend's packed layout when it has one for this dtype; each
@@ -243,10 +238,14 @@ void Weights::pack_layers() {
       Buffer* b;
       int64_t n, k;
     } mats[] = {{&L.qkv, qkv, H}, {&L.o, H, c.q_dim()}, {&L.gate_up, 2 * inter, H}, {&L.down, H, inter}};
+    const size_t count = L.experts.empty() ? 4 : 2;  // a sparse layer's MLP is its experts
     bool all = true;
-    for (const auto& mt : mats) all = all && backend_->dense_packed_bytes(dtype_, mt.n, mt.k) > 0;
+    for (size_t i = 0; i < count; ++i)
+      all = all && backend_->dense_packed_bytes(dtype_, mats[i].n, mats[i].k) > 0;
     if (!all) return;  // the same for every layer
-    for (const auto& mt : mats) {
+    if (!L.experts.empty()) pack_experts(L);
+    for (size_t i = 0; i < count; ++i) {
+      const auto& mt = mats[i];
       Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, mt.n, mt.k), false);
       backend_->pack_dense(mt.b->data(), dtype_, mt.n, mt.k, packed.data());
       *mt.b = std::move(packed);
@@ -294,7 +293,7 @@ size_t Weights::total_bytes() const {
   for (const LayerWeights& L : layers_) {
     total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.o_bias.bytes() +
              L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() + parts(L.qkv_q) + parts(L.o_q) +
-             parts(L.gate_up_q) + parts(L.down_q);
+             parts(L.gate_up_q) + parts(L.down_q) + expert_bytes(L);
   }
   return total;
 }

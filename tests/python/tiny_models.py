@@ -1,4 +1,5 @@
-"""Test helpers: tiny random-weight Llama / Mistral / Qwen2 checkpoints saved as HF directories."""
+"""Test helpers: tiny random-weight Llama / Mistral / Qwen2 / Mixtral checkpoints saved as HF
+directories."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig,
+                          Qwen2Config)
 
-CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config,
+           "mixtral": MixtralConfig}
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|> {% endif %}")
 
@@ -32,6 +35,8 @@ def build_tiny_model(path: Path, arch: str = "llama", *, vocab_size: int = 320, 
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("mlp.gate.weight"):  # a MoE router: wider logits, clear top-k picks
+                p.add_(torch.randn_like(p) * 0.3)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     save_word_tokenizer(path, vocab_size)

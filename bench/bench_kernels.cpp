@@ -539,7 +539,7 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
       const Layer& w = Ls[l];
       b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H);
       tick(kQkv);
-      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, cs.data());
+      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, hd, cs.data());
       tick(kRope);
       b.store_kv(qkv.data() + nh * hd, qkv.data() + (nh + nkv) * hd, qkv_dim, slots.data(), n, kc[l].data(),
                  vc[l].data(), L);

@@ -97,12 +97,17 @@ class CudaBackend final : public Backend {
     bind();
     cuda::add_rms_norm(residual, x, weight, out, rows, dim, eps, stream_);
   }
+  void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                      const float* weight, float eps) override {
+    bind();
+    cuda::rms_norm_heads(x, stride, num_tokens, num_heads, head_dim, weight, eps, stream_);
+  }
   void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
             int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-            const float* cos_sin) override {
+            int32_t rotary_dim, const float* cos_sin) override {
     bind();
-    cuda::rope(q, q_stride, k, k_stride, positions, num_tokens, num_q_heads, num_kv_heads, head_dim, cos_sin,
-               stream_);
+    cuda::rope(q, q_stride, k, k_stride, positions, num_tokens, num_q_heads, num_kv_heads, head_dim,
+               rotary_dim, cos_sin, stream_);
   }
   void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
                 int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout) override {
@@ -121,6 +126,18 @@ class CudaBackend final : public Backend {
   void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
     bind();
     cuda::silu_mul(gate_up, out, rows, inter, stream_);
+  }
+  void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
+    bind();
+    cuda::gelu_tanh_mul(gate_up, out, rows, inter, stream_);
+  }
+  void scale(float* x, float s, int64_t n) override {
+    bind();
+    cuda::scale(x, s, n, stream_);
+  }
+  void softcap(float* x, float cap, int64_t n) override {
+    bind();
+    cuda::softcap(x, cap, n, stream_);
   }
   void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
                  float* out) override {

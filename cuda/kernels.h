@@ -16,14 +16,19 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
               cudaStream_t stream);
 void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                   float eps, cudaStream_t stream);
+void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                    const float* weight, float eps, cudaStream_t stream);
 
 // elementwise.cu
 void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
-          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
           const float* cos_sin, cudaStream_t stream);
 void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping, int64_t num_tokens,
               void* k_cache, void* v_cache, const KVLayout& layout, cudaStream_t stream);
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cudaStream_t stream);
+void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cudaStream_t stream);
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
+void softcap(float* x, float cap, int64_t n, cudaStream_t stream);
 void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out,
                cudaStream_t stream);
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);

@@ -72,14 +72,21 @@ class Backend {
   virtual void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
                             int64_t dim, float eps) = 0;
 
+  // Per-head RMSNorm in place (Qwen3's and Gemma 3's q_norm / k_norm): x [num_tokens, stride]
+  // holds num_heads heads of head_dim from its first float; each is normalised and scaled by
+  // weight [head_dim].
+  virtual void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads,
+                              int32_t head_dim, const float* weight, float eps) = 0;
+
   // Rotary embedding, rotate-half (GPT-NeoX / HF Llama) convention, in place on
   // q [num_tokens, q_stride] holding num_q_heads heads of head_dim and
   // k [num_tokens, k_stride] holding num_kv_heads heads (strides in floats, so q and k may be
-  // column slices of one fused qkv buffer). cos_sin: [max_positions, head_dim] with cos of the
-  // head_dim/2 frequencies in the first half of a row and sin in the second half.
+  // column slices of one fused qkv buffer). The first rotary_dim floats of each head rotate (all
+  // of it unless partial_rotary_factor < 1); the rest pass. cos_sin: [max_positions, rotary_dim]
+  // with cos of the rotary_dim/2 frequencies in the first half of a row and sin in the second.
   virtual void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
                     int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                    const float* cos_sin) = 0;
+                    int32_t rotary_dim, const float* cos_sin) = 0;
 
   // Scatters new keys/values into their slots. k, v: [num_tokens, stride] with num_kv_heads *
   // head_dim used floats per row. slot_mapping: [num_tokens]; slot < 0 means skip the token.
@@ -105,6 +112,8 @@ class Backend {
 
   // out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:2*inter]
   virtual void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
+  // out[r, :] = gelu_pytorch_tanh(gate_up[r, :inter]) * gate_up[r, inter:2*inter] (GeGLU)
+  virtual void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
 
   // out[i, :] = table[ids[i], :] converted to f32. table: [vocab, dim] in dtype.
   virtual void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
@@ -112,6 +121,10 @@ class Backend {
 
   // x[i] += y[i]
   virtual void add(float* x, const float* y, int64_t n) = 0;
+  // x[i] *= s (Gemma's scaled embeddings)
+  virtual void scale(float* x, float s, int64_t n) = 0;
+  // x[i] = cap * tanh(x[i] / cap) (Gemma 2's final logit soft-capping)
+  virtual void softcap(float* x, float cap, int64_t n) = 0;
 
   // Quantized weights. pack_quant copies a canonical QuantMatrix into `dst` (quant_packed_bytes
   // of this backend's memory, from alloc) in the backend's own layout and returns the view that

@@ -69,9 +69,11 @@ class CpuBackend final : public Backend {
   void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
                     int64_t dim, float eps) override;
 
+  void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                      const float* weight, float eps) override;
   void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
             int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-            const float* cos_sin) override;
+            int32_t rotary_dim, const float* cos_sin) override;
 
   void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
                 int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L) override;
@@ -83,6 +85,9 @@ class CpuBackend final : public Backend {
                  float* out) override;
 
   void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override;
+  void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override;
+  void scale(float* x, float s, int64_t n) override;
+  void softcap(float* x, float cap, int64_t n) override;
 
   void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
                  float* out) override;

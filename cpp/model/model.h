@@ -74,7 +74,8 @@ class Model {
   DType dtype_;
   std::shared_ptr<Backend> backend_;
   Weights weights_;
-  Buffer cos_sin_;  // [max_positions, head_dim]
+  Buffer cos_sin_;        // [max_positions, rotary_dim]
+  Buffer local_cos_sin_;  // Gemma 3's sliding layers' own table, or empty
   int32_t max_positions_ = 0;
   // Step workspace, grown on demand, reused across steps (no allocation in the steady state).
   int32_t capacity_ = 0;

@@ -28,8 +28,39 @@ std::vector<int32_t> token_ids(const json& j, const char* key) {
   return {it->get<int32_t>()};
 }
 
+// One rope_parameters / rope_scaling object into (theta, scaling); `theta` holds the fallback.
+void parse_rope_object(const json& rope, const ModelConfig& c, const json& top, float& theta,
+                       RopeScaling& s) {
+  theta = get_or<float>(rope, "rope_theta", theta);
+  const std::string type = get_or<std::string>(rope, "rope_type",
+                                               get_or<std::string>(rope, "type", "default"));
+  // Phi-3's older configs call longrope "su" (transformers renames it the same way).
+  s.type = type == "su" ? "longrope" : type;
+  s.factor = get_or<float>(rope, "factor", 1.0f);
+  s.low_freq_factor = get_or<float>(rope, "low_freq_factor", 1.0f);
+  s.high_freq_factor = get_or<float>(rope, "high_freq_factor", 4.0f);
+  s.original_max_position_embeddings = get_or<int32_t>(
+      rope, "original_max_position_embeddings",
+      get_or<int32_t>(top, "original_max_position_embeddings", 8192));
+  FANTAI_REQUIRE(s.type == "default" || s.type == "linear" || s.type == "llama3" || s.type == "longrope",
+                 "unsupported rope scaling type '" << type
+                                                   << "' (supported: default, linear, llama3, longrope)");
+  if (s.type != "longrope") return;
+  s.short_factor = get_or<std::vector<float>>(rope, "short_factor", {});
+  s.long_factor = get_or<std::vector<float>>(rope, "long_factor", {});
+  const size_t half = static_cast<size_t>(c.rotary_dim / 2);
+  FANTAI_REQUIRE(s.short_factor.size() == half && s.long_factor.size() == half,
+                 "longrope needs short_factor and long_factor of rotary_dim / 2 = " << half << " entries");
+  // transformers' defaults: the factor is the context extension, the attention factor follows it.
+  const double orig = s.original_max_position_embeddings;
+  const double factor = get_or<double>(rope, "factor", c.max_position_embeddings / orig);
+  const double attn = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(orig));
+  s.attention_factor = static_cast<float>(get_or<double>(rope, "attention_factor", attn));
+}
+
 void parse_rope(const json& j, ModelConfig& c) {
-  // transformers 5 folds rope_theta and the scaling into rope_parameters.
+  // transformers 5 folds rope_theta and the scaling into rope_parameters; Gemma 3 keeps one
+  // object per attention kind there.
   const json* rope = nullptr;
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     rope = &j["rope_parameters"];
@@ -37,17 +68,62 @@ void parse_rope(const json& j, ModelConfig& c) {
     rope = &j["rope_scaling"];
   }
   c.rope_theta = get_or<float>(j, "rope_theta", 10000.0f);
-  if (!rope) return;
-  c.rope_theta = get_or<float>(*rope, "rope_theta", c.rope_theta);
-  std::string type = get_or<std::string>(*rope, "rope_type", get_or<std::string>(*rope, "type", "default"));
-  RopeScaling& s = c.rope_scaling;
-  s.type = type;
-  s.factor = get_or<float>(*rope, "factor", 1.0f);
-  s.low_freq_factor = get_or<float>(*rope, "low_freq_factor", 1.0f);
-  s.high_freq_factor = get_or<float>(*rope, "high_freq_factor", 4.0f);
-  s.original_max_position_embeddings = get_or<int32_t>(*rope, "original_max_position_embeddings", 8192);
-  FANTAI_REQUIRE(type == "default" || type == "linear" || type == "llama3",
-                 "unsupported rope scaling type '" << type << "' (supported: default, linear, llama3)");
+  double partial = get_or<double>(j, "partial_rotary_factor", 1.0);
+  if (rope) partial = get_or<double>(*rope, "partial_rotary_factor", partial);
+  c.rotary_dim = static_cast<int32_t>(c.head_dim * partial);
+  FANTAI_REQUIRE(c.rotary_dim > 0 && c.rotary_dim <= c.head_dim && c.rotary_dim % 2 == 0,
+                 "partial_rotary_factor " << partial << " gives an odd or empty rotary dim of head_dim "
+                                          << c.head_dim);
+  if (rope && rope->contains("full_attention") && (*rope)["full_attention"].is_object()) {
+    parse_rope_object((*rope)["full_attention"], c, j, c.rope_theta, c.rope_scaling);
+    if (rope->contains("sliding_attention") && (*rope)["sliding_attention"].is_object()) {
+      RopeScaling local;
+      c.local_rope_theta = get_or<float>(j, "rope_local_base_freq", 10000.0f);
+      parse_rope_object((*rope)["sliding_attention"], c, j, c.local_rope_theta, local);
+      FANTAI_REQUIRE(local.type == "default", "rope scaling on sliding layers is not supported");
+    }
+    return;
+  }
+  if (j.contains("rope_local_base_freq")) c.local_rope_theta = get_or<float>(j, "rope_local_base_freq", 0.0f);
+  if (rope) parse_rope_object(*rope, c, j, c.rope_theta, c.rope_scaling);
+}
+
+// Architectures this decoder runs, and the model_type each is guessed from without `architectures`.
+const char* const kArchitectures[][2] = {
+    {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"}, {"Gemma2ForCausalLM", "gemma2"},   {"Gemma3ForCausalLM", "gemma3_text"},
+    {"Phi3ForCausalLM", "phi3"},   {"MixtralForCausalLM", "mixtral"},
+};
+
+// The switches of the families that are Llama plus a few differences.
+void parse_family(const json& j, ModelConfig& c) {
+  const std::string& a = c.architecture;
+  const bool gemma = a == "Gemma2ForCausalLM" || a == "Gemma3ForCausalLM";
+  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Gemma3ForCausalLM";
+  c.sandwich_norms = gemma;
+  // A GGUF from llama.cpp's converter already holds 1 + w (its loader says so in this key).
+  c.norm_plus_one = gemma && !get_or<bool>(j, "norm_weights_include_one", false);
+  const std::string act = get_or<std::string>(j, "hidden_activation",
+                                              get_or<std::string>(j, "hidden_act", "silu"));
+  FANTAI_REQUIRE(act == "silu" || act == "gelu_pytorch_tanh",
+                 "unsupported MLP activation '" << act << "' (supported: silu, gelu_pytorch_tanh)");
+  c.gelu_tanh = act == "gelu_pytorch_tanh";
+  c.layer_types = get_or<std::vector<std::string>>(j, "layer_types", {});
+  if (c.layer_types.empty() && gemma) {
+    // transformers' defaults: Gemma 2 alternates sliding / full from layer 0; Gemma 3 makes every
+    // sliding_window_pattern-th layer full.
+    const int32_t pattern = a == "Gemma2ForCausalLM" ? 2 : get_or<int32_t>(j, "sliding_window_pattern", 6);
+    for (int32_t i = 0; i < c.num_layers; ++i)
+      c.layer_types.push_back((i + 1) % pattern ? "sliding_attention" : "full_attention");
+  }
+  FANTAI_REQUIRE(c.layer_types.empty() || static_cast<int32_t>(c.layer_types.size()) == c.num_layers,
+                 "layer_types has " << c.layer_types.size() << " entries for " << c.num_layers << " layers");
+  if (gemma) {
+    // transformers: torch.tensor(hidden_size ** 0.5), a double rounded once to f32.
+    c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+    c.query_pre_attn_scalar = get_or<float>(j, "query_pre_attn_scalar", static_cast<float>(c.head_dim));
+    c.final_logit_softcap = get_or<float>(j, "final_logit_softcapping", 0.0f);
+  }
 }
 
 // Mixtral names its experts num_local_experts and sizes them with intermediate_size; Qwen3-MoE
@@ -86,16 +162,17 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
     c.architecture = j["architectures"][0].get<std::string>();
   } else {
-    c.architecture = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                     : c.model_type == "mistral" ? "MistralForCausalLM"
-                     : c.model_type == "mixtral" ? "MixtralForCausalLM"
-                                                 : "LlamaForCausalLM";
+    c.architecture = "LlamaForCausalLM";
+    for (const auto& row : kArchitectures)
+      if (c.model_type == row[1]) c.architecture = row[0];
   }
-  FANTAI_REQUIRE(c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM" ||
-                     c.architecture == "Qwen2ForCausalLM" || c.architecture == "MixtralForCausalLM",
-                 "unsupported architecture '" << c.architecture
-                                              << "' (supported: LlamaForCausalLM, MistralForCausalLM, "
-                                                 "Qwen2ForCausalLM, MixtralForCausalLM)");
+  bool known = false;
+  std::string names;
+  for (const auto& row : kArchitectures) {
+    known = known || c.architecture == row[0];
+    names += std::string(names.empty() ? "" : ", ") + row[0];
+  }
+  FANTAI_REQUIRE(known, "unsupported architecture '" << c.architecture << "' (supported: " << names << ")");
   c.vocab_size = get_or<int32_t>(j, "vocab_size", 0);
   c.hidden_size = get_or<int32_t>(j, "hidden_size", 0);
   c.intermediate_size = get_or<int32_t>(j, "intermediate_size", 0);
@@ -110,8 +187,9 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
                  "num_attention_heads must be a multiple of num_key_value_heads");
   c.head_dim = get_or<int32_t>(j, "head_dim", c.hidden_size / c.num_heads);
   c.rms_norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);
-  parse_rope(j, c);
   c.max_position_embeddings = get_or<int32_t>(j, "max_position_embeddings", 2048);
+  parse_rope(j, c);
+  parse_family(j, c);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   if (get_or<bool>(j, "use_sliding_window", true)) c.sliding_window = get_or<int32_t>(j, "sliding_window", 0);
   std::string dt = get_or<std::string>(j, "torch_dtype", get_or<std::string>(j, "dtype", "float32"));
@@ -139,15 +217,21 @@ std::string ModelConfig::summary() const {
   return o.str();
 }
 
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
-  const int32_t half = c.head_dim / 2;
+std::vector<float> rope_inv_freq(const ModelConfig& c, bool local, bool long_factors) {
+  const int32_t dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim, half = dim / 2;
+  const float theta = local && c.local_rope_theta > 0 ? c.local_rope_theta : c.rope_theta;
+  const RopeScaling s = local && c.local_rope_theta > 0 ? RopeScaling{} : c.rope_scaling;
   std::vector<float> inv(half);
   for (int32_t i = 0; i < half; ++i) {
     // Same f32 arithmetic as transformers: base ** (2i / dim), then reciprocal.
-    float e = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    inv[i] = 1.0f / std::pow(c.rope_theta, e);
+    float e = static_cast<float>(2 * i) / static_cast<float>(dim);
+    const float base = std::pow(theta, e);
+    if (s.type == "longrope") {
+      inv[i] = 1.0f / ((long_factors ? s.long_factor[i] : s.short_factor[i]) * base);
+    } else {
+      inv[i] = 1.0f / base;
+    }
   }
-  const RopeScaling& s = c.rope_scaling;
   if (s.type == "linear") {
     for (float& f : inv) f /= s.factor;
   } else if (s.type == "llama3") {
@@ -166,6 +250,26 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
     }
   }
   return inv;
+}
+
+std::vector<float> rope_cos_sin(const ModelConfig& c, int32_t positions, bool local) {
+  const int32_t dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim, half = dim / 2;
+  const bool longrope = !(local && c.local_rope_theta > 0) && c.rope_scaling.type == "longrope";
+  const std::vector<float> inv = rope_inv_freq(c, local, false);
+  const std::vector<float> inv_long = longrope ? rope_inv_freq(c, local, true) : inv;
+  const float attn = longrope ? c.rope_scaling.attention_factor : 1.0f;
+  const int32_t switch_at = longrope ? c.rope_scaling.original_max_position_embeddings : positions;
+  std::vector<float> table(static_cast<size_t>(positions) * dim);
+  for (int32_t p = 0; p < positions; ++p) {
+    float* row = table.data() + static_cast<size_t>(p) * dim;
+    const std::vector<float>& f = p < switch_at ? inv : inv_long;
+    for (int32_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(p) * f[i];
+      row[i] = std::cos(angle) * attn;
+      row[half + i] = std::sin(angle) * attn;
+    }
+  }
+  return table;
 }
 
 }  // namespace fantai::model

@@ -40,7 +40,7 @@ Weights::Slot Weights::resolve(const std::string& name) {
   // small share of a large model and the most sensitive matrices.
   if (name == "model.embed_tokens.weight")
     return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
-  if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true};
+  if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true, nullptr, false, true};
   if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false, &lm_head_q_};
   if (Slot e; resolve_expert(name, &e)) return e;
   static const std::regex re(R"(model\.layers\.(\d+)\.(\w+)\.?(\w*)\.(weight|bias))");
@@ -51,8 +51,19 @@ Weights::Slot Weights::resolve(const std::string& name) {
   LayerWeights& L = layers_[layer];
   const std::string a = m[2], b = m[3];
   const bool bias = m[4] == "bias";
-  if (a == "input_layernorm" && !bias) return {&L.input_norm, H, 0, H, 1, true};
-  if (a == "post_attention_layernorm" && !bias) return {&L.post_norm, H, 0, H, 1, true};
+  auto norm = [](Buffer* b, int64_t n) { return Slot{b, n, 0, n, 1, true, nullptr, false, true}; };
+  if (!bias) {
+    // Gemma's post_attention_layernorm normalises the attention output; Llama's is the MLP's input.
+    if (a == "input_layernorm") return norm(&L.input_norm, H);
+    if (a == "post_attention_layernorm") return norm(c.sandwich_norms ? &L.post_attn_norm : &L.post_norm, H);
+    if (a == "pre_feedforward_layernorm" && c.sandwich_norms) return norm(&L.post_norm, H);
+    if (a == "post_feedforward_layernorm" && c.sandwich_norms) return norm(&L.post_mlp_norm, H);
+    if (a == "self_attn" && c.qk_norm && b == "q_norm") return norm(&L.q_norm, c.head_dim);
+    if (a == "self_attn" && c.qk_norm && b == "k_norm") return norm(&L.k_norm, c.head_dim);
+    // Phi-3 stores q|k|v and gate|up already fused, in the order fantai fuses them.
+    if (a == "self_attn" && b == "qkv_proj") return {&L.qkv, QKV, 0, QKV, H, false, &L.qkv_q, true};
+    if (a == "mlp" && b == "gate_up_proj") return {&L.gate_up, 2 * I, 0, 2 * I, H, false, &L.gate_up_q, true};
+  }
   if (a == "self_attn") {
     int64_t off = b == "q_proj" ? 0 : b == "k_proj" ? Q : b == "v_proj" ? Q + KV : -1;
     int64_t rows = b == "q_proj" ? Q : KV;
@@ -113,6 +124,18 @@ bool Weights::set(const std::string& name, const void* data, DType src_dtype,
     add_quant_part(s, name, t.view(), int8 ? "int8" : "int4g32");
     return true;
   }
+  const DType dst_dtype = s.f32 ? DType::kF32 : dtype_;
+  if (s.norm && config_.norm_plus_one) {
+    // Gemma scales by (1 + w) in f32, as transformers does; the sum is the weight fantai keeps.
+    std::vector<float> w(static_cast<size_t>(numel));
+    convert_to_f32(data, src_dtype, w.data(), w.size());
+    for (float& v : w) v = 1.0f + v;
+    return set_resolved(s, name, w.data(), DType::kF32);
+  }
+  return set_resolved(s, name, data, src_dtype);
+}
+
+bool Weights::set_resolved(const Slot& s, const std::string& name, const void* data, DType src_dtype) {
   const DType dst_dtype = s.f32 ? DType::kF32 : dtype_;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -195,7 +218,16 @@ void Weights::finalize() {
     need(L.input_norm, p + "input_layernorm.weight");
     need_linear(L.qkv, L.qkv_q, p + "self_attn.{q,k,v}_proj.weight");
     need_linear(L.o, L.o_q, p + "self_attn.o_proj.weight");
-    need(L.post_norm, p + "post_attention_layernorm.weight");
+    need(L.post_norm, p + (config_.sandwich_norms ? "pre_feedforward_layernorm.weight"
+                                                  : "post_attention_layernorm.weight"));
+    if (config_.sandwich_norms) {
+      need(L.post_attn_norm, p + "post_attention_layernorm.weight");
+      need(L.post_mlp_norm, p + "post_feedforward_layernorm.weight");
+    }
+    if (config_.qk_norm) {
+      need(L.q_norm, p + "self_attn.q_norm.weight");
+      need(L.k_norm, p + "self_attn.k_norm.weight");
+    }
     if (config_.is_moe_layer(i)) continue;  // its experts are checked below
     need_linear(L.gate_up, L.gate_up_q, p + "mlp.{gate,up}_proj.weight");
     need_linear(L.down, L.down_q, p + "mlp.down_proj.weight");
@@ -205,11 +237,17 @@ void Weights::finalize() {
   loaded_.erase(std::unique(loaded_.begin(), loaded_.end()), loaded_.end());
   for (int i = 0; i < config_.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
+    auto has = [&](const std::string& n) {
+      return std::binary_search(loaded_.begin(), loaded_.end(), p + n);
+    };
+    // A fused checkpoint tensor (Phi-3) stands for all its parts.
+    const bool fused_qkv = has("self_attn.qkv_proj.weight"), fused_gate_up = has("mlp.gate_up_proj.weight");
     const bool moe = config_.is_moe_layer(i);
     for (const char* part : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                              "mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-      if (moe && !std::strncmp(part, "mlp.", 4)) continue;
-      if (!std::binary_search(loaded_.begin(), loaded_.end(), p + part)) missing.push_back(p + part);
+      const bool attn = std::string(part).rfind("self_attn", 0) == 0;
+      if (moe && !attn) continue;
+      if (!(attn ? fused_qkv : fused_gate_up) && !has(part)) missing.push_back(p + part);
     }
     if (moe) check_experts(i, &missing);
   }
@@ -291,6 +329,7 @@ size_t Weights::total_bytes() const {
   size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes() + lm_head_packed_.bytes() +
                  parts(embed_q_) + parts(lm_head_q_);
   for (const LayerWeights& L : layers_) {
+    total += L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() + L.post_mlp_norm.bytes();
     total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.o_bias.bytes() +
              L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() + parts(L.qkv_q) + parts(L.o_q) +
              parts(L.gate_up_q) + parts(L.down_q) + expert_bytes(L);

@@ -37,9 +37,12 @@ struct LayerWeights {
   Buffer qkv_bias;    // [q_dim + 2 * kv_dim] f32, empty without bias
   Buffer o;           // [hidden, q_dim]
   Buffer o_bias;      // [hidden] f32 or empty
-  Buffer post_norm;   // [hidden] f32
-  Buffer gate_up;     // [2 * intermediate, hidden]; rows gate | up
-  Buffer down;        // [hidden, intermediate]
+  Buffer post_norm;   // [hidden] f32, the norm before the MLP (Gemma's pre_feedforward_layernorm)
+  // Qwen3 / Gemma 3: q_norm, k_norm [head_dim] f32. Gemma 2 / 3 (sandwich norms): the norms of
+  // the attention output and of the MLP output [hidden] f32. Empty for other families.
+  Buffer q_norm, k_norm, post_attn_norm, post_mlp_norm;
+  Buffer gate_up;  // [2 * intermediate, hidden]; rows gate | up
+  Buffer down;     // [hidden, intermediate]
   // Quantized row ranges of the same matrices; a dense buffer above exists only when some part
   // of it came dense (its rows under a quantized part are zero and get overwritten).
   QuantParts qkv_q, o_q, gate_up_q, down_q;
@@ -110,8 +113,10 @@ class Weights {
     bool f32 = false;              // norms and biases stay f32
     QuantParts* qparts = nullptr;  // where quantized row ranges of this matrix go
     bool projection = false;       // q/k/v/o/gate/up/down: quantized online when asked
+    bool norm = false;             // an RMSNorm weight: Gemma's (1 + w) is folded in at load
   };
   Slot resolve(const std::string& name);
+  bool set_resolved(const Slot& s, const std::string& name, const void* data, DType src_dtype);
   // Mixture of experts (weights_moe.cpp): expert and router names, transformers' fused 3-D expert
   // tensors split into experts, the finalize checks, packing and the backend's descriptors.
   void init_experts();

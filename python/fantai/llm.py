@@ -56,11 +56,14 @@ class LLM(CoreHolder):
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+             tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """chat_template_kwargs reach the template as variables (Qwen3's enable_thinking), as in vLLM."""
         conversations: list[list[dict[str, Any]]] = (
             [messages] if messages and isinstance(messages[0], dict) else messages)  # type: ignore[list-item,assignment]
         prompts = [self.tokenizer.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt,
-                                                      chat_template=chat_template or self.chat_template)
+                                                      chat_template=chat_template or self.chat_template,
+                                                      **(chat_template_kwargs or {}))
                    for conv in conversations]
         # The template already carries the special tokens (BOS etc.): don't add them twice.
         ids = [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p, add_special_tokens=False)} for p in prompts]

@@ -150,9 +150,9 @@ TEST(CudaKernels, RopeOnFusedQkvColumns) {
   auto qkv = randn(n * stride, 4), cs = randn(max_pos * hd, 5);
   std::vector<int32_t> pos{0, 3, 49, 7, 7, 1, 20};
   auto want = qkv;
-  ref::rope(want.data(), stride, want.data() + hq * hd, stride, pos.data(), n, hq, hkv, hd, cs.data());
+  ref::rope(want.data(), stride, want.data() + hq * hd, stride, pos.data(), n, hq, hkv, hd, hd, cs.data());
   Dev d(qkv), dcs(cs), dpos(pos);
-  rope(d.as(), stride, d.as() + hq * hd, stride, dpos.as<int32_t>(), n, hq, hkv, hd, dcs.as(), nullptr);
+  rope(d.as(), stride, d.as() + hq * hd, stride, dpos.as<int32_t>(), n, hq, hkv, hd, hd, dcs.as(), nullptr);
   expect_close(d.get(), want, 1e-5f, 1e-5f, nullptr, "rope");  // v part untouched is checked too
 }
 

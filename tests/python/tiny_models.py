@@ -1,5 +1,4 @@
-"""Test helpers: tiny random-weight Llama / Mistral / Qwen2 / Mixtral checkpoints saved as HF
-directories."""
+"""Test helpers: tiny random-weight checkpoints of every family fantai runs, saved as HF directories."""
 
 from __future__ import annotations
 
@@ -9,10 +8,11 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig,
-                          Qwen2Config)
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config)
 
-CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config,
+CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+           "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "phi3": Phi3Config,
            "mixtral": MixtralConfig}
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|> {% endif %}")

@@ -38,6 +38,10 @@ ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec("LlamaForCausalLM", "llama", True),
     "mistral": ArchSpec("LlamaForCausalLM", "llama", True),
     "qwen2": ArchSpec("Qwen2ForCausalLM", "qwen2", False),
+    "qwen3": ArchSpec("Qwen3ForCausalLM", "qwen3", False),
+    "gemma2": ArchSpec("Gemma2ForCausalLM", "gemma2", False),
+    "gemma3": ArchSpec("Gemma3ForCausalLM", "gemma3_text", False),
+    "phi3": ArchSpec("Phi3ForCausalLM", "phi3", False),
 }
 # llama.cpp writes Mixtral as arch "llama" with an expert count.
 MIXTRAL = ArchSpec("MixtralForCausalLM", "mixtral", True)
@@ -58,6 +62,18 @@ _BLOCK_NAMES = {
     "ffn_gate_inp": "mlp.gate",  # a mixture-of-experts layer's router
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Where an architecture's llama.cpp names mean something else: Gemma's ffn_norm is the MLP's input
+# norm (its post_attention_norm normalises the attention output); Phi-3's ffn_up is gate|up fused.
+_ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
+    "gemma2": {"ffn_norm": "pre_feedforward_layernorm"},
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm"},
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
 }
 # Mixture of experts: the router, each layer's experts stacked in one 3-D tensor per matrix
 # ([experts, rows, cols] row-major), and the per-expert tensors of early Mixtral files.
@@ -75,7 +91,7 @@ END_OF_TURN_TEXTS = frozenset(
 )
 CONTROL_TOKEN_TYPES = frozenset({3, 4})  # gguf TokenType CONTROL, USER_DEFINED
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name, or None when it has no HF counterpart. A stack of
     experts maps to a name with EXPERT_PLACEHOLDER where the expert's index goes."""
     m = _LEGACY_EXPERT_RE.match(gguf_name)
@@ -88,7 +104,7 @@ def hf_tensor_name(gguf_name: str) -> str | None:
         if part in _EXPERT_STACKS and kind == "weight":
             proj = _EXPERT_STACKS[part]
             return f"model.layers.{layer}.mlp.experts.{EXPERT_PLACEHOLDER}.{proj}.weight"
-        hf = _BLOCK_NAMES.get(part)
+        hf = _ARCH_BLOCK_NAMES.get(arch, {}).get(part) or _BLOCK_NAMES.get(part)
         return f"model.layers.{layer}.{hf}.{kind}" if hf else None
     m = _GLOBAL_RE.match(gguf_name)
     if m and m.group(1) in _GLOBAL_NAMES:
@@ -209,8 +225,55 @@ class GGUFModel:
         rope_scaling = self._rope_scaling()
         if rope_scaling is not None:
             cfg["rope_scaling"] = rope_scaling
+        self._family_config(cfg)
         cfg.update(self._moe_config(cfg))
         return cfg
+
+    def _family_config(self, cfg: dict[str, Any]) -> None:
+        """The keys llama.cpp's converters keep for Gemma and Phi-3, back into config.json terms."""
+        window = self._arch_value("attention.sliding_window")
+        if self.arch in ("gemma2", "gemma3"):
+            cfg["hidden_activation"] = "gelu_pytorch_tanh"
+            # llama.cpp's converter stores Gemma's norms as 1 + w (the weight the model multiplies).
+            cfg["norm_weights_include_one"] = True
+            # llama.cpp scales by key_length ** -0.5, except the 27B models (told by their layer
+            # count: 46 for Gemma 2, 62 for Gemma 3), whose query_pre_attn_scalar is hidden / heads.
+            layers = int(cfg["num_hidden_layers"])
+            big = (self.arch == "gemma2" and layers == 46) or (self.arch == "gemma3" and layers == 62)
+            cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"] if big
+                                            else cfg["head_dim"])
+            if window is not None:
+                cfg["sliding_window"] = int(window)
+            cap = self._arch_value("attention.logit_softcapping")
+            cfg["attn_logit_softcapping"] = None if cap is None else _clean_float(cap)
+            final = self._arch_value("final_logit_softcapping")
+            cfg["final_logit_softcapping"] = None if final is None else _clean_float(final)
+            if self.arch == "gemma3":
+                cfg["rope_local_base_freq"] = 10000.0  # llama.cpp's fixed base of the sliding layers
+        if self.arch == "phi3":
+            rot = self._arch_value("rope.dimension_count")
+            rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg["rope_theta"]}
+            if rot is not None:
+                rope["partial_rotary_factor"] = int(rot) / cfg["head_dim"]
+            if "rope_factors_long.weight" in self._by_name:
+                rope.update(
+                    rope_type="longrope",
+                    long_factor=[float(x) for x in self._dense_vector("rope_factors_long.weight")],
+                    short_factor=[float(x) for x in self._dense_vector("rope_factors_short.weight")],
+                    original_max_position_embeddings=int(
+                        self._arch_value("rope.scaling.original_context_length", cfg["max_position_embeddings"])),
+                )
+                attn = self._arch_value("rope.scaling.attn_factor")
+                if attn is not None:
+                    rope["attention_factor"] = _clean_float(attn)
+            cfg["rope_parameters"] = rope
+            cfg.pop("rope_scaling", None)
+            if window is not None:
+                cfg["sliding_window"] = int(window)
+
+    def _dense_vector(self, gguf_name: str) -> np.ndarray:
+        t = self._by_name[gguf_name]
+        return dequantize_raw(self._file.tensor_bytes(t), t.ggml_type, tuple(reversed(t.shape))).reshape(-1)
 
     def _moe_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """Expert counts and sizes; a layer without a router (ffn_gate_inp) keeps a dense MLP."""
@@ -244,7 +307,7 @@ class GGUFModel:
 
     def tensor_names(self) -> list[tuple[str, str]]:
         """(gguf_name, hf_name) for every tensor with an HF counterpart, in file order."""
-        pairs = ((t.name, hf_tensor_name(t.name)) for t in self._file.tensors)
+        pairs = ((t.name, hf_tensor_name(t.name, self.arch)) for t in self._file.tensors)
         return [(g, h) for g, h in pairs if h is not None]
 
     def is_quantized(self) -> bool:
@@ -257,7 +320,7 @@ class GGUFModel:
 
     def unmapped_tensor_names(self) -> list[str]:
         """GGUF tensors with no HF parameter (e.g. rope_freqs); tensors() skips them."""
-        return [t.name for t in self._file.tensors if hf_tensor_name(t.name) is None]
+        return [t.name for t in self._file.tensors if hf_tensor_name(t.name, self.arch) is None]
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """Yield (hf_name, array) one tensor at a time: HF layout [out, in], f32 (F16 stays f16);
@@ -298,7 +361,7 @@ class GGUFModel:
         heads = self._qk_heads(gguf_name)
         n = rows if len(t.shape) >= 2 else cols  # a 1-D q/k bias is permuted element-wise
         perm = unpermute_qk_rows(n, heads) if heads else None
-        return RawTensor(hf_name or hf_tensor_name(gguf_name) or gguf_name, self._file.tensor_bytes(t),
+        return RawTensor(hf_name or hf_tensor_name(gguf_name, self.arch) or gguf_name, self._file.tensor_bytes(t),
                          t.ggml_type, rows, cols, perm, len(t.shape))
 
     def tensor(self, gguf_name: str) -> np.ndarray:

@@ -92,14 +92,14 @@ void parse_rope(const json& j, ModelConfig& c) {
 const char* const kArchitectures[][2] = {
     {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"},
     {"Qwen3ForCausalLM", "qwen3"}, {"Gemma2ForCausalLM", "gemma2"},   {"Gemma3ForCausalLM", "gemma3_text"},
-    {"Phi3ForCausalLM", "phi3"},   {"MixtralForCausalLM", "mixtral"},
+    {"Phi3ForCausalLM", "phi3"},   {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
 };
 
 // The switches of the families that are Llama plus a few differences.
 void parse_family(const json& j, ModelConfig& c) {
   const std::string& a = c.architecture;
   const bool gemma = a == "Gemma2ForCausalLM" || a == "Gemma3ForCausalLM";
-  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Gemma3ForCausalLM";
+  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "Gemma3ForCausalLM";
   c.sandwich_norms = gemma;
   // A GGUF from llama.cpp's converter already holds 1 + w (its loader says so in this key).
   c.norm_plus_one = gemma && !get_or<bool>(j, "norm_weights_include_one", false);
@@ -129,18 +129,27 @@ void parse_family(const json& j, ModelConfig& c) {
 // Mixtral names its experts num_local_experts and sizes them with intermediate_size; Qwen3-MoE
 // says num_experts (transformers 5 writes num_local_experts for it too) and moe_intermediate_size.
 void parse_moe(const json& j, ModelConfig& c) {
-  const bool mixtral = c.architecture == "MixtralForCausalLM";
-  if (!mixtral) return;
-  c.num_experts = get_or<int32_t>(j, "num_local_experts", get_or<int32_t>(j, "num_experts", 0));
-  c.num_experts_per_tok = get_or<int32_t>(j, "num_experts_per_tok", 2);
-  c.moe_intermediate_size = get_or<int32_t>(j, "moe_intermediate_size", c.intermediate_size);
-  c.norm_topk_prob = true;
-  FANTAI_REQUIRE(c.num_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts &&
-                     c.moe_intermediate_size > 0,
-                 c.architecture << ": config.json needs num_experts > 0, 0 < num_experts_per_tok <= "
-                                   "num_experts and a positive expert intermediate size (got "
-                                << c.num_experts << ", " << c.num_experts_per_tok << ", "
-                                << c.moe_intermediate_size << ")");
+  const bool mixtral = c.architecture == "MixtralForCausalLM", qwen = c.architecture == "Qwen3MoeForCausalLM";
+  if (!mixtral && !qwen) return;
+  FANTAI_REQUIRE(!c.gelu_tanh, c.architecture << ": the experts are SwiGLU (hidden_act silu)");
+  c.num_experts = get_or<int32_t>(j, "num_experts", get_or<int32_t>(j, "num_local_experts", 0));
+  c.num_experts_per_tok = get_or<int32_t>(j, "num_experts_per_tok", mixtral ? 2 : 8);
+  // transformers' defaults: Mixtral always renormalises, Qwen3-MoE only when asked.
+  c.norm_topk_prob = mixtral || get_or<bool>(j, "norm_topk_prob", false);
+  if (mixtral) {
+    c.moe_intermediate_size = get_or<int32_t>(j, "moe_intermediate_size", c.intermediate_size);
+  } else {
+    c.moe_intermediate_size = get_or<int32_t>(j, "moe_intermediate_size", 0);
+    c.decoder_sparse_step = get_or<int32_t>(j, "decoder_sparse_step", 1);
+    c.mlp_only_layers = get_or<std::vector<int32_t>>(j, "mlp_only_layers", {});
+  }
+  FANTAI_REQUIRE(
+      c.num_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts &&
+          c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0,
+      c.architecture << ": config.json needs num_experts > 0, 0 < num_experts_per_tok <= "
+                        "num_experts, a positive moe_intermediate_size and decoder_sparse_step (got "
+                     << c.num_experts << ", " << c.num_experts_per_tok << ", " << c.moe_intermediate_size
+                     << ", " << c.decoder_sparse_step << ")");
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ struct RopeScaling {
 
 // The decoders fantai runs: Llama (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), the
 // families that differ from it by switches below (Qwen3, Gemma 2 / 3, Phi-3), and the
-// mixture-of-experts form of Llama (MixtralForCausalLM).
+// mixture-of-experts forms of Llama and Qwen3 (MixtralForCausalLM, Qwen3MoeForCausalLM).
 struct ModelConfig {
   std::string architecture = "LlamaForCausalLM";
   std::string model_type = "llama";

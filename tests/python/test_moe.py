@@ -1,6 +1,7 @@
-"""Mixture-of-experts models against transformers (CPU, float32): logits and greedy tokens, batch
-invariance when the other rows choose other experts, the same model as GGUF (expert stacks,
-float and Q8_0), online int8 experts, bf16 experts, and transformers' fused 3-D expert tensors."""
+"""Mixture-of-experts models (Mixtral, Qwen3-MoE) against transformers (CPU, float32): logits and
+greedy tokens, batch invariance when the other rows choose other experts, the same models as GGUF
+(expert stacks, float and Q8_0), online int8 experts, bf16 experts, and transformers' fused 3-D
+expert tensors."""
 
 from __future__ import annotations
 
@@ -21,6 +22,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "mixtral_top2": dict(arch="mixtral", num_local_experts=8, num_experts_per_tok=2, inter=96),
     "mixtral_top3_tied_mha": dict(arch="mixtral", num_local_experts=6, num_experts_per_tok=3, inter=64,
                                   tie=True, heads=4, kv_heads=4, layers=3),
+    # Qwen3-MoE: q/k norms, head_dim apart from hidden / heads, a dense MLP on mlp_only_layers.
+    "qwen3_moe_top3_dense_layer": dict(arch="qwen3_moe", num_experts=8, num_experts_per_tok=3, inter=96,
+                                       moe_intermediate_size=32, head_dim=24, layers=3, mlp_only_layers=[1],
+                                       norm_topk_prob=False, use_sliding_window=False),
+    # Sparse every second layer (decoder_sparse_step 2), renormalised top-4 of 12.
+    "qwen3_moe_step2_norm_topk": dict(arch="qwen3_moe", num_experts=12, num_experts_per_tok=4, inter=80,
+                                      moe_intermediate_size=48, head_dim=16, layers=4, decoder_sparse_step=2,
+                                      norm_topk_prob=True, use_sliding_window=False),
 }
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -36,6 +45,17 @@ def variant(request: pytest.FixtureRequest,
 def mixtral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     path = build_tiny_model(tmp_path_factory.mktemp("mixtral"), **VARIANTS["mixtral_top2"])
     return path, hf_model(path)
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    path = build_tiny_model(tmp_path_factory.mktemp("qwen3_moe"), **VARIANTS["qwen3_moe_top3_dense_layer"])
+    return path, hf_model(path)
+
+
+@pytest.fixture(params=["mixtral", "qwen3_moe"])
+def moe_model(request: pytest.FixtureRequest) -> tuple[Path, Any]:
+    return request.getfixturevalue(request.param)
 
 
 def assert_quantized_close(got: np.ndarray, want: np.ndarray) -> None:
@@ -86,11 +106,11 @@ def _steps(out: Any) -> list[tuple[int, float]]:
 
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])
-def test_batch_invariant_when_other_rows_pick_other_experts(mixtral: tuple[Path, Any],
+def test_batch_invariant_when_other_rows_pick_other_experts(moe_model: tuple[Path, Any],
                                                             quantization: str) -> None:
     """A prompt alone and batched with prompts whose tokens choose other experts: the same tokens
     and bit-identical logprobs (greedy: the logits row's own log-softmax), prefill and decode."""
-    path, ref = mixtral
+    path, ref = moe_model
     prompts = random_prompts(8, VOCAB, [5, 17, 33, 60], seed=3)
     assert len(_first_token_experts(ref, prompts)) > 2  # the batch really routes apart
     llm = LLM(str(path), dtype="float32", num_kv_blocks=256, quantization=quantization)
@@ -159,8 +179,9 @@ def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def write_moe_gguf(src: Path, dst: Path, *, dtype: str = "f32",
                    legacy_experts: bool = False) -> Path:
-    """The HF checkpoint at `src` as a GGUF file: dtype f32 / f16 (dense) or q8_0 (matrices
-    quantized, norms and the router f32). legacy_experts: one tensor per expert
+    """The HF checkpoint at `src` as a GGUF file the way llama.cpp's converter writes it (Mixtral:
+    arch llama with q/k rows permuted; Qwen3-MoE: arch qwen3moe): dtype f32 / f16 (dense) or q8_0
+    (matrices quantized, norms and the router f32). legacy_experts: one tensor per expert
     (blk.N.ffn_gate.E.weight), as early Mixtral files have, instead of the stacks."""
     import gguf
     from gguf.quants import quantize
@@ -171,7 +192,8 @@ def write_moe_gguf(src: Path, dst: Path, *, dtype: str = "f32",
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     layers = cfg["num_hidden_layers"]
     experts = cfg["num_local_experts"]
-    w = gguf.GGUFWriter(str(dst), "llama")
+    qwen = cfg["model_type"] == "qwen3_moe"
+    w = gguf.GGUFWriter(str(dst), "qwen3moe" if qwen else "llama")
     w.add_block_count(layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -183,6 +205,11 @@ def write_moe_gguf(src: Path, dst: Path, *, dtype: str = "f32",
     w.add_vocab_size(cfg["vocab_size"])
     w.add_expert_count(experts)
     w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if qwen:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_uint32("general.file_type", {"f32": 0, "f16": 1, "q8_0": 7}[dtype])
@@ -205,17 +232,29 @@ def write_moe_gguf(src: Path, dst: Path, *, dtype: str = "f32",
     put("output_norm.weight", st["model.norm.weight"])
     if "lm_head.weight" in st and not cfg.get("tie_word_embeddings"):
         put("output.weight", st["lm_head.weight"])
+    def permute(a: np.ndarray, n: int) -> np.ndarray:
+        return a if qwen else _llama_permute(a, n)
+
     for i in range(layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         put(b + "attn_norm.weight", st[p + "input_layernorm.weight"])
         put(b + "ffn_norm.weight", st[p + "post_attention_layernorm.weight"])
-        put(b + "attn_q.weight", _llama_permute(st[p + "self_attn.q_proj.weight"], heads))
-        put(b + "attn_k.weight", _llama_permute(st[p + "self_attn.k_proj.weight"], kv))
+        put(b + "attn_q.weight", permute(st[p + "self_attn.q_proj.weight"], heads))
+        put(b + "attn_k.weight", permute(st[p + "self_attn.k_proj.weight"], kv))
         put(b + "attn_v.weight", st[p + "self_attn.v_proj.weight"])
         put(b + "attn_output.weight", st[p + "self_attn.o_proj.weight"])
-        put(b + "ffn_gate_inp.weight", st[p + "block_sparse_moe.gate.weight"], matrix=False)
-        for part, hf in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
-            mats = [st[f"{p}block_sparse_moe.experts.{e}.{hf}.weight"] for e in range(experts)]
+        if qwen:
+            put(b + "attn_q_norm.weight", st[p + "self_attn.q_norm.weight"])
+            put(b + "attn_k_norm.weight", st[p + "self_attn.k_norm.weight"])
+        moe = "block_sparse_moe" if not qwen else "mlp"
+        if p + f"{moe}.gate.weight" not in st:  # a dense layer
+            for part in ("gate", "up", "down"):
+                put(f"{b}ffn_{part}.weight", st[f"{p}mlp.{part}_proj.weight"])
+            continue
+        put(b + "ffn_gate_inp.weight", st[p + f"{moe}.gate.weight"], matrix=False)
+        names = ("gate_proj", "up_proj", "down_proj") if qwen else ("w1", "w3", "w2")
+        for part, hf in zip(("gate", "up", "down"), names):
+            mats = [st[f"{p}{moe}.experts.{e}.{hf}.weight"] for e in range(experts)]
             if legacy_experts:
                 for e, m in enumerate(mats):
                     put(f"{b}ffn_{part}.{e}.weight", m)
@@ -228,7 +267,8 @@ def write_moe_gguf(src: Path, dst: Path, *, dtype: str = "f32",
     return dst
 
 
-def test_gguf_config_and_names(mixtral: tuple[Path, Any], tmp_path: Path) -> None:
+def test_gguf_config_and_names(mixtral: tuple[Path, Any], qwen3_moe: tuple[Path, Any],
+                               tmp_path: Path) -> None:
     from fantai.weights.gguf_loader import hf_tensor_name, load_gguf
 
     assert hf_tensor_name("blk.3.ffn_gate_inp.weight") == "model.layers.3.mlp.gate.weight"
@@ -247,13 +287,20 @@ def test_gguf_config_and_names(mixtral: tuple[Path, Any], tmp_path: Path) -> Non
     down7 = next(t for t in raw if t.hf_name == "model.layers.1.mlp.experts.7.down_proj.weight")
     assert (down7.rows, down7.cols) == (64, 96)
     g.close()
+    g = load_gguf(str(write_moe_gguf(qwen3_moe[0], tmp_path / "q.gguf")))
+    cfg = g.config
+    assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["head_dim"] == 24
+    sizes = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+    assert sizes == (8, 3, 32) and cfg["intermediate_size"] == 96
+    assert cfg["mlp_only_layers"] == [1] and cfg["norm_topk_prob"] is False  # layer 1 has no router
+    g.close()
 
 
 @pytest.mark.parametrize("dtype,legacy", [("f32", False), ("f16", False), ("f32", True)],
                          ids=["f32_stacks", "f16_stacks", "f32_per_expert_tensors"])
-def test_gguf_float_gives_the_same_bits(mixtral: tuple[Path, Any], tmp_path: Path, dtype: str,
+def test_gguf_float_gives_the_same_bits(moe_model: tuple[Path, Any], tmp_path: Path, dtype: str,
                                         legacy: bool) -> None:
-    path, ref = mixtral
+    path, _ = moe_model
     gguf_path = write_moe_gguf(path, tmp_path / "m.gguf", dtype=dtype, legacy_experts=legacy)
     torch_dtype = "float16" if dtype == "f16" else "float32"
     from_gguf = LLM(str(gguf_path), num_kv_blocks=64)
@@ -263,22 +310,22 @@ def test_gguf_float_gives_the_same_bits(mixtral: tuple[Path, Any], tmp_path: Pat
     for p in prompts:
         a, b = from_gguf._model.score(p), from_hf._model.score(p)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
-    if dtype == "f32":
-        got = tokens(from_gguf.generate(prompts, GREEDY, use_tqdm=False))
-        assert got == [hf_greedy(ref, p, 24) for p in prompts]
+    # test_greedy_tokens_match_transformers holds the checkpoint's tokens to transformers'.
+    assert tokens(from_gguf.generate(prompts, GREEDY, use_tqdm=False)) == tokens(
+        from_hf.generate(prompts, GREEDY, use_tqdm=False))
 
 
-def test_gguf_q8_0_experts_stay_quantized(mixtral: tuple[Path, Any], tmp_path: Path,
+def test_gguf_q8_0_experts_stay_quantized(moe_model: tuple[Path, Any], tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Q8_0 experts run on the quantized kernels: with exact activations (FANTAI_QUANT_KERNEL=f32)
     they give the bits of the same file dequantized to dense f32; with the default int8-activation
     kernels they stay close, and decoding stays batch invariant."""
-    path, _ = mixtral
+    path, _ = moe_model
     gguf_path = str(write_moe_gguf(path, tmp_path / "q.gguf", dtype="q8_0"))
     llm = LLM(gguf_path, dtype="float32", num_kv_blocks=64)
     formats = llm._model.weight_formats()
     assert formats["model.layers.0.mlp.experts.3.gate_proj.weight"] == "q8_0"
-    assert formats["model.layers.1.mlp.experts.0.down_proj.weight"] == "q8_0"
+    assert formats["model.layers.0.mlp.experts.0.down_proj.weight"] == "q8_0"
     assert formats["model.layers.0.mlp.gate.weight"] == "f32"
     dense = LLM(gguf_path, dtype="float32", num_kv_blocks=64, dequantize=True)
     assert dense._model.weight_formats()["model.layers.0.mlp.experts.3.gate_proj.weight"] == "f32"

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
-                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config)
+                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
            "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "phi3": Phi3Config,
-           "mixtral": MixtralConfig}
+           "mixtral": MixtralConfig, "qwen3_moe": Qwen3MoeConfig}
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|> {% endif %}")
 

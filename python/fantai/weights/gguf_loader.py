@@ -42,6 +42,7 @@ ARCHS: dict[str, ArchSpec] = {
     "gemma2": ArchSpec("Gemma2ForCausalLM", "gemma2", False),
     "gemma3": ArchSpec("Gemma3ForCausalLM", "gemma3_text", False),
     "phi3": ArchSpec("Phi3ForCausalLM", "phi3", False),
+    "qwen3moe": ArchSpec("Qwen3MoeForCausalLM", "qwen3_moe", False),
 }
 # llama.cpp writes Mixtral as arch "llama" with an expert count.
 MIXTRAL = ArchSpec("MixtralForCausalLM", "mixtral", True)

@@ -181,8 +181,20 @@ class CpuBackend final : public Backend {
   // Mixture of experts (cpu_backend_moe.cpp): grow-only scratch; the step thread is the only caller.
   void moe_linear(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y, int64_t m, int64_t n,
                   int64_t k);
-  std::vector<float> moe_probs_, moe_x_, moe_y_, moe_gu_;
+  // Experts side by side, one pool task each, when no expert has more rows than this.
+  static constexpr int64_t kMoeSideBySideRows = 4;
+  struct MoeTaskScratch {  // one pool thread's int8 activations
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s;
+  };
+  void moe_linear_one_thread(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y, int64_t m,
+                             int64_t n, int64_t k, MoeTaskScratch* xq);
+  bool moe_experts_fit_one_thread(const MoeExperts& ex, const int64_t* offsets) const;
+  std::vector<float> moe_probs_, moe_x_, moe_y_, moe_gu_, moe_side_;
   std::vector<int64_t> moe_offsets_, moe_slots_;
+  std::vector<int32_t> moe_active_;
+  std::vector<MoeTaskScratch> moe_task_scratch_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
 };

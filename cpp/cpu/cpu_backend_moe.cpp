@@ -8,6 +8,15 @@
 #include "cpu/cpu_backend_impl.h"
 
 namespace fantai::cpu {
+namespace {
+
+// out[h] += w * y[h]: the product, then the sum, as transformers (this file has no FMA flags, so
+// nothing contracts the two).
+void add_weighted_row(float* out, const float* y, float w, int64_t n) {
+  for (int64_t h = 0; h < n; ++h) out[h] += w * y[h];
+}
+
+}  // namespace
 
 // Plain C++ compiled once (no ISA flags): every ISA level routes a row to the same experts with
 // the same weights, bit for bit. The arithmetic is transformers' in f32: max, exp(l - max), the
@@ -59,6 +68,51 @@ void CpuBackend::moe_linear(const float* x, const MoeLinear& L, const MoeExperts
   for (int32_t i = 0; i < L.num_parts; ++i) linear_q(x, L.parts[i], nullptr, y + L.part_row0[i], m, n);
 }
 
+// One expert linear on m rows, on the calling thread: the same kernels, with the same per-element
+// arithmetic, as linear() / linear_q() run over the pool (their splits never change a result), so
+// either route gives the same bits. `xq`: this task's int8 activation scratch. Row-major dense
+// and unpermuted quantized matrices only (moe_experts_fit_one_thread checks).
+void CpuBackend::moe_linear_one_thread(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y,
+                                       int64_t m, int64_t n, int64_t k, MoeTaskScratch* xq) {
+  if (L.dense) k_.linear(x, L.dense, ex.dtype, nullptr, y, m, n, k, 0, n);
+  for (int32_t i = 0; i < L.num_parts; ++i) {
+    const QuantMatrix& w = L.parts[i];
+    float* yp = y + L.part_row0[i];
+    if (!is_panel_layout(w.layout)) {
+      qk_.linear_q(x, w, nullptr, yp, m, n, 0, w.rows);
+      continue;
+    }
+    const int32_t block = xq_block(w);
+    QuantizedRows r;
+    r.nblocks = ceil_div(w.cols, block);
+    r.ld = r.nblocks * block;
+    if (xq->q.size() < static_cast<size_t>(m * r.ld)) xq->q.resize(static_cast<size_t>(m * r.ld));
+    if (xq->d.size() < static_cast<size_t>(m * r.nblocks)) {
+      xq->d.resize(static_cast<size_t>(m * r.nblocks));
+      xq->s.resize(static_cast<size_t>(m * r.nblocks));
+    }
+    quant_rows_fn_(x, m, w.cols, block, xq->q.data(), xq->d.data(), xq->s.data());
+    r.q = xq->q.data();
+    r.d = xq->d.data();
+    r.s = xq->s.data();
+    const LinearPanelFn fn = amx_panel_fn_ && m >= kAmxPanelMinRows ? amx_panel_fn_ : panel_fn_;
+    fn(r, w, nullptr, yp, m, n, 0, ceil_div(w.rows, 16));
+  }
+}
+
+bool CpuBackend::moe_experts_fit_one_thread(const MoeExperts& ex, const int64_t* offsets) const {
+  if (ex.packed) return false;  // the AMX tiles are set up per call over the pool
+  for (int32_t e = 0; e < ex.num_experts; ++e) {
+    if (offsets[e + 1] == offsets[e]) continue;
+    for (const MoeLinear* L : {&ex.experts[e].gate_up, &ex.experts[e].down})
+      for (int32_t i = 0; i < L->num_parts; ++i) {
+        const QuantMatrix& w = L->parts[i];
+        if (w.perm || (is_panel_layout(w.layout) && !panel_fn_)) return false;
+      }
+  }
+  return true;
+}
+
 // Tokens grouped by expert (moe_group_slots: rows ascending within an expert), then expert
 // by expert in ascending id: gather its rows, gate|up, silu-mul, down (one fused call where the
 // packed path has one), and add its weighted rows into `out`. A row meets each of its experts
@@ -83,6 +137,47 @@ void CpuBackend::moe_experts(const float* x, const int32_t* ids, const float* we
   if (moe_x_.size() < need_x) moe_x_.resize(need_x);
   if (moe_y_.size() < need_x) moe_y_.resize(need_x);
   if (moe_gu_.size() < need_gu) moe_gu_.resize(need_gu);
+  // A decode's few rows per expert make each linear too small to split well: the pool then runs
+  // whole experts side by side instead (one task each, its linears on one thread), every
+  // expert's output into its own rows, and the weighted adds follow in ascending expert id as
+  // below. Same kernels, same bits.
+  int64_t active = 0;
+  for (int32_t e = 0; e < E; ++e) active += moe_offsets_[e + 1] > moe_offsets_[e];
+  if (pool_.size() > 1 && max_m <= kMoeSideBySideRows && active >= 2 &&
+      moe_experts_fit_one_thread(ex, moe_offsets_.data())) {
+    const int64_t slots = rows * top_k, xw = std::max(H, I), per_slot = xw + 2 * I + H;
+    if (moe_side_.size() < static_cast<size_t>(slots * per_slot))
+      moe_side_.resize(static_cast<size_t>(slots * per_slot));
+    if (moe_task_scratch_.size() < static_cast<size_t>(pool_.size())) moe_task_scratch_.resize(pool_.size());
+    moe_active_.clear();
+    for (int32_t e = 0; e < E; ++e)
+      if (moe_offsets_[e + 1] > moe_offsets_[e]) moe_active_.push_back(e);
+    // Expert e's rows take slots [offsets[e], offsets[e + 1]) of the scratch: x (then the
+    // activations) | gate|up | y.
+    pool_.parallel_for(static_cast<int64_t>(moe_active_.size()), [&](int64_t t, int thread) {
+      const int32_t e = moe_active_[t];
+      const int64_t m = moe_offsets_[e + 1] - moe_offsets_[e];
+      const int64_t* sl = moe_slots_.data() + moe_offsets_[e];
+      float* xe = moe_side_.data() + moe_offsets_[e] * per_slot;
+      float* gue = xe + m * xw;
+      float* ye = gue + m * 2 * I;
+      for (int64_t i = 0; i < m; ++i)
+        std::memcpy(xe + i * H, x + sl[i] / top_k * H, static_cast<size_t>(H) * sizeof(float));
+      const MoeExpert& w = ex.experts[e];
+      moe_linear_one_thread(xe, w.gate_up, ex, gue, m, 2 * I, H, &moe_task_scratch_[thread]);
+      for (int64_t i = 0; i < m; ++i) k_.silu_mul(gue + i * 2 * I, gue + i * 2 * I + I, xe + i * I, I);
+      moe_linear_one_thread(xe, w.down, ex, ye, m, H, I, &moe_task_scratch_[thread]);
+    });
+    for (int32_t e : moe_active_) {
+      const int64_t m = moe_offsets_[e + 1] - moe_offsets_[e];
+      const float* ye = moe_side_.data() + moe_offsets_[e] * per_slot + m * (xw + 2 * I);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t s = moe_slots_[moe_offsets_[e] + i];
+        add_weighted_row(out + s / top_k * H, ye + i * H, weights[s], H);
+      }
+    }
+    return;
+  }
   float *const xg = moe_x_.data(), *const yg = moe_y_.data(), *const gu = moe_gu_.data();
   for (int32_t e = 0; e < E; ++e) {
     const int64_t m = moe_offsets_[e + 1] - moe_offsets_[e];
@@ -102,11 +197,7 @@ void CpuBackend::moe_experts(const float* x, const int32_t* ids, const float* we
     }
     for_rows(m, H, [&](int64_t i) {
       const int64_t s = sl[i];
-      const float wt = weights[s];
-      float* o = out + s / top_k * H;
-      const float* y = yg + i * H;
-      // Product, then sum, as transformers (this file has no FMA flags, so nothing contracts them).
-      for (int64_t h = 0; h < H; ++h) o[h] += wt * y[h];
+      add_weighted_row(out + s / top_k * H, yg + i * H, weights[s], H);
     });
   }
 }

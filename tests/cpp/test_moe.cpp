@@ -203,8 +203,9 @@ TEST_P(Moe, ExpertsMatchPerTokenReference) {
   uint32_t seed = 10;
   for (Mode mode : modes())
     for (int threads : {1, 2}) {
-      // I = 40: not a multiple of 32 (no fused packed MLP); I = 64: the fused path where there is one.
-      for (int64_t I : {40, 64}) {
+      // I = 40: not a multiple of 32 (no fused packed MLP); I = 64: the fused path where there is
+      // one; I = 96: wider than hidden, as Mixtral's experts are.
+      for (int64_t I : {40, 64, 96}) {
         SCOPED_TRACE(::testing::Message() << mode_name(mode) << " threads=" << threads << " I=" << I);
         auto b = be(threads);
         const int32_t E = 6, k = 2;
@@ -240,7 +241,7 @@ TEST_P(Moe, ExpertsBatchInvariant) {
       SCOPED_TRACE(::testing::Message() << mode_name(mode) << " threads=" << threads);
       auto b = be(threads);
       const int32_t E = 8, k = 3;
-      const int64_t H = 64, I = 64, rows = 70;  // more than one 64-row block for some experts
+      const int64_t H = 64, I = 96, rows = 70;  // more than one 64-row block for some experts
       Experts ex(*b, E, H, I, mode, seed++);
       const auto x = randn(rows * H, seed++);
       std::vector<int32_t> ids;
@@ -255,6 +256,9 @@ TEST_P(Moe, ExpertsBatchInvariant) {
         const auto one = run(*b, ex, x.data() + r * H, ids.data() + r * k, w.data() + r * k, 1, k);
         ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * H, H * sizeof(float))) << "row " << r;
       }
+      // A decode-sized batch (a few rows per expert: the side-by-side path on two threads).
+      const auto few = run(*b, ex, x.data(), ids.data(), w.data(), 4, k);
+      ASSERT_EQ(0, std::memcmp(few.data(), all.data(), 4 * H * sizeof(float)));
       // Row 5 beside rows that chose none of its experts.
       std::vector<int32_t> other_ids(ids);
       std::vector<int32_t> mine(ids.begin() + 5 * k, ids.begin() + 6 * k), rest;

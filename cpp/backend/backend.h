@@ -12,8 +12,17 @@
 
 namespace fantai {
 
-// Collective ops for tensor parallelism. The single-process implementation is a no-op; MPI (CPU)
-// and NCCL (GPU) implementations plug in here later without touching the model.
+// Collective ops for tensor parallelism. The single-process implementation is a no-op that costs a
+// virtual call; the MPI one (backend/mpi_communicator) plugs in under the same calls, so the model
+// never knows how many ranks there are beyond the shapes it was sharded to.
+// What a communicator spent: calls and payload bytes of the all-reduces, and wall seconds spent
+// inside any collective (waiting included). Zero in one process.
+struct CommStats {
+  int64_t all_reduce_calls = 0;
+  int64_t all_reduce_bytes = 0;
+  double seconds = 0.0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -21,6 +30,10 @@ class Communicator {
   virtual int world_size() const { return 1; }
   virtual void all_reduce_sum(float* /*data*/, int64_t /*n*/) {}
   virtual void all_gather(const float* in, float* out, int64_t n);  // out = in when world_size==1
+  // `bytes` from `root` to every rank. idle: a wait that may be long in coming (a rank > 0 waiting
+  // for the next step: no deadline; rank 0 waiting for ranks still loading: a start-up deadline).
+  virtual void broadcast(void* /*data*/, int64_t /*bytes*/, int /*root*/, bool /*idle*/ = false) {}
+  virtual CommStats stats() const { return {}; }
 };
 
 // Coarse ops over raw pointers. All activations are f32, row-major. Implementations must be
@@ -192,6 +205,9 @@ class Backend {
 // num_threads <= 0 means the cores this process may run on.
 std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads = 0);
 std::vector<std::string> available_backends();
+// The communicator every backend made from here on gets (tensor parallelism: one per process).
+void set_process_communicator(std::shared_ptr<Communicator> comm);
+std::shared_ptr<Communicator> process_communicator();
 
 // The host CPU, whatever backend runs the model: the sampler's row reductions (cpu/row_reduce.h)
 // from the CPU kernel table of the active ISA level, that level's name ("avx512", "avx2",

@@ -40,7 +40,11 @@ class Model {
 
   Weights& weights() { return weights_; }
   void finalize();  // after all tensors are set: checks, rope tables
+  // This rank's share under tensor parallelism (heads, KV heads, MLP columns); full_config() is the
+  // checkpoint's. The same object in one process.
   const ModelConfig& config() const { return config_; }
+  const ModelConfig& full_config() const { return shard_.active() ? shard_.full : config_; }
+  const TpShard& tp_shard() const { return shard_; }
   DType dtype() const { return dtype_; }
   Backend* backend() const { return backend_.get(); }
   std::shared_ptr<Backend> backend_ptr() const { return backend_; }
@@ -70,6 +74,7 @@ class Model {
   void mlp_block(int layer, int32_t num_tokens);
   void moe_block(int layer, int32_t num_tokens);  // a sparse layer's MLP (moe.cpp)
 
+  TpShard shard_;  // before config_: the constructor fills it while sharding the config
   ModelConfig config_;
   DType dtype_;
   std::shared_ptr<Backend> backend_;

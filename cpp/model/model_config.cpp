@@ -152,6 +152,8 @@ void parse_moe(const json& j, ModelConfig& c) {
                      << ", " << c.decoder_sparse_step << ")");
 }
 
+ModelConfig parse_config(const json& j);  // below, after the range checks it uses
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int32_t layer) const {
@@ -166,6 +168,37 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   } catch (const std::exception& e) {
     FANTAI_THROW("config.json is not valid JSON: " << e.what());
   }
+  FANTAI_REQUIRE(j.is_object(), "config.json is not a JSON object");
+  try {
+    return parse_config(j);
+  } catch (const json::exception& e) {  // a key of the wrong type: name it, as a bad value
+    FANTAI_THROW("config.json has a value of the wrong type: " << e.what());
+  }
+}
+
+namespace {
+
+// Sizes no real checkpoint reaches: larger ones are a corrupt or hostile config.json, refused
+// before they size a buffer.
+void check_ranges(const ModelConfig& c) {
+  auto in = [](const char* key, int64_t v, int64_t hi) {
+    FANTAI_REQUIRE(v >= 1 && v <= hi,
+                   "config.json: " << key << " = " << v << " is outside [1, " << hi << "]");
+  };
+  in("vocab_size", c.vocab_size, 1 << 28);
+  in("hidden_size", c.hidden_size, 1 << 20);
+  in("intermediate_size", c.intermediate_size, 1 << 22);
+  in("num_hidden_layers", c.num_layers, 1 << 12);
+  in("num_attention_heads", c.num_heads, 1 << 12);
+  in("head_dim", c.head_dim, 1 << 12);
+  in("max_position_embeddings", c.max_position_embeddings, 1 << 24);
+  FANTAI_REQUIRE(c.head_dim % 2 == 0, "config.json: head_dim " << c.head_dim << " must be even (RoPE)");
+  FANTAI_REQUIRE(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0,
+                 "config.json: rms_norm_eps must be a positive number");
+  FANTAI_REQUIRE(std::isfinite(c.rope_theta) && c.rope_theta > 0, "config.json: rope_theta must be positive");
+}
+
+ModelConfig parse_config(const json& j) {
   ModelConfig c;
   c.model_type = get_or<std::string>(j, "model_type", "llama");
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
@@ -195,6 +228,7 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   FANTAI_REQUIRE(c.num_heads % c.num_kv_heads == 0,
                  "num_attention_heads must be a multiple of num_key_value_heads");
   c.head_dim = get_or<int32_t>(j, "head_dim", c.hidden_size / c.num_heads);
+  check_ranges(c);
   c.rms_norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);
   c.max_position_embeddings = get_or<int32_t>(j, "max_position_embeddings", 2048);
   parse_rope(j, c);
@@ -208,6 +242,8 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   parse_moe(j, c);
   return c;
 }
+
+}  // namespace
 
 ModelConfig ModelConfig::from_file(const std::string& path) {
   std::ifstream f(path);

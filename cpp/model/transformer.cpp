@@ -10,13 +10,24 @@
 
 namespace fantai::model {
 
+namespace {
+// Under tensor parallelism every rank builds the decoder of its share: the layer loop is the same
+// code, only the head and column counts differ, and the all-reduces join the partial outputs.
+ModelConfig rank_config(const ModelConfig& full, Communicator& comm, TpShard* shard) {
+  if (comm.world_size() <= 1) return full;
+  return shard_config(full, comm.rank(), comm.world_size(), shard);
+}
+}  // namespace
+
 Model::Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend,
              const std::string& quantization)
-    : config_(config),
+    : config_(rank_config(config, backend->communicator(), &shard_)),
       dtype_(dtype),
       backend_(std::move(backend)),
       weights_(config_, dtype, backend_.get(), quantization),
-      staging_(backend_.get()) {}
+      staging_(backend_.get()) {
+  weights_.set_shard(shard_);
+}
 
 std::shared_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& dtype,
                                               std::shared_ptr<Backend> backend,
@@ -209,6 +220,8 @@ bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* token
 std::vector<float> Model::score(const std::vector<int32_t>& ids, DType kv_dtype) {
   const int32_t n = static_cast<int32_t>(ids.size());
   FANTAI_REQUIRE(n > 0, "score needs at least one token");
+  // The other ranks run only the engine's steps; a forward of its own here would leave them out.
+  FANTAI_REQUIRE(!shard_.active(), "score() runs in one process only; use tensor_parallel_size 1");
   const int32_t bs = 16, num_blocks = (n + bs - 1) / bs;
   KVCache cache(config_, num_blocks, bs, kv_dtype, backend_.get());
   std::vector<int32_t> positions(n), table(num_blocks), indices(n), cu{0, n}, ctx{n};

@@ -1,4 +1,5 @@
 // model: weight buffers, Hugging Face name mapping and fusion of q/k/v and gate/up.
+// Just over 400 lines: the tensor-parallel cut of set / set_ggml sits beside the setters it feeds.
 #include "model/weights.h"
 
 #include <algorithm>
@@ -103,9 +104,33 @@ void Weights::copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t c
   }
 }
 
+// Only this rank's rows and columns are read from the (mapped) checkpoint and converted.
 bool Weights::set(const std::string& name, const void* data, DType src_dtype,
                   const std::vector<int64_t>& shape) {
   if (shape.size() == 3 && set_fused_experts(name, data, src_dtype, shape)) return true;
+  if (!shard_.active() || shape.size() > 2 || shape.empty()) return set_local(name, data, src_dtype, shape);
+  const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
+  const ShardSelection sel = select_shard(shard_, name, rows, cols);
+  if (sel.whole) return set_local(name, data, src_dtype, shape);
+  const size_t es = dtype_size(src_dtype);
+  std::vector<char> part(static_cast<size_t>(sel.num_rows() * sel.cols) * es);
+  if (!sel.zero) {
+    char* out = part.data();
+    for (const auto& [r0, n] : sel.rows)
+      for (int64_t r = r0; r < r0 + n; ++r, out += sel.cols * es)
+        std::memcpy(out, static_cast<const char*>(data) + (r * cols + sel.col0) * es, sel.cols * es);
+  }
+  if (sel.cols != cols && quantization_ == "int4")
+    FANTAI_REQUIRE(sel.cols % 32 == 0, "tensor " << name << ": int4 groups of 32 would be cut by the "
+                                                 << shard_.world << "-way tensor-parallel split (" << sel.cols
+                                                 << " columns per rank)");
+  std::vector<int64_t> local{sel.num_rows()};
+  if (shape.size() == 2) local.push_back(sel.cols);
+  return set_local(name, part.data(), src_dtype, local);
+}
+
+bool Weights::set_local(const std::string& name, const void* data, DType src_dtype,
+                        const std::vector<int64_t>& shape) {
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
@@ -171,15 +196,51 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
   formats_[name] = format;
 }
 
+// A GGUF block is never cut: a column split must fall on block boundaries (32 or 256 values).
 bool Weights::set_ggml(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
                        int64_t rows, int64_t cols, const int32_t* row_perm) {
+  if (!shard_.active()) return set_ggml_local(name, data, nbytes, ggml_type, rows, cols, row_perm);
+  const ShardSelection sel = select_shard(shard_, name, rows, cols);
+  if (sel.whole && !row_perm) return set_ggml_local(name, data, nbytes, ggml_type, rows, cols, row_perm);
+  FANTAI_REQUIRE(!sel.zero,
+                 "tensor " << name << " (a bias) cannot come as GGUF blocks under tensor parallelism");
+  const int64_t block = ggml_is_float(ggml_type) ? 1 : ggml_type >= 10 ? 256 : 32;
+  FANTAI_REQUIRE(sel.col0 % block == 0 && sel.cols % block == 0,
+                 "tensor " << name << " (" << ggml_format_name(ggml_type) << ", blocks of " << block
+                           << ") cannot be split " << shard_.world << " ways: each rank would take "
+                           << sel.cols << " of its " << cols << " columns, not a whole number of blocks");
+  const size_t row_bytes = nbytes / static_cast<size_t>(rows);
+  const size_t c0 = sel.col0 ? ggml_tensor_bytes(ggml_type, 1, sel.col0) : 0;
+  const size_t width = ggml_tensor_bytes(ggml_type, 1, sel.cols);
+  const auto ranges = sel.whole ? std::vector<std::pair<int64_t, int64_t>>{{0, rows}} : sel.rows;
+  int64_t n_rows = 0;
+  for (const auto& r : ranges) n_rows += r.second;
+  std::vector<char> part(static_cast<size_t>(n_rows) * width);
+  char* out = part.data();
+  // Destination row g of the full tensor reads source row row_perm[g]: un-permuted here, once.
+  for (const auto& [r0, n] : ranges)
+    for (int64_t g = r0; g < r0 + n; ++g, out += width) {
+      const int64_t src = row_perm ? row_perm[g] : g;
+      FANTAI_REQUIRE(src >= 0 && src < rows, "tensor " << name << ": row permutation out of range");
+      std::memcpy(out, static_cast<const char*>(data) + src * row_bytes + c0, width);
+    }
+  return set_ggml_local(name, part.data(), part.size(), ggml_type, n_rows, sel.cols, nullptr);
+}
+
+bool Weights::set_ggml_local(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
+                             int64_t rows, int64_t cols, const int32_t* row_perm) {
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
     return false;
   }
   if (ggml_is_quant(ggml_type) && s.qparts) {
-    const QuantTensor t = ggml_decode(data, nbytes, ggml_type, rows, cols, row_perm);
+    QuantTensor t;
+    try {
+      t = ggml_decode(data, nbytes, ggml_type, rows, cols, row_perm);
+    } catch (const InvalidArgument& e) {
+      FANTAI_THROW("tensor " << name << ": " << e.what());
+    }
     add_quant_part(s, name, t.view(), t.format);
     return true;
   }
@@ -188,10 +249,12 @@ bool Weights::set_ggml(const std::string& name, const void* data, size_t nbytes,
   ggml_to_f32(data, nbytes, ggml_type, rows, cols, row_perm, f.data());
   const std::vector<int64_t> shape = s.cols == 1 ? std::vector<int64_t>{rows * cols}
                                                  : std::vector<int64_t>{rows, cols};
-  return set(name, f.data(), DType::kF32, shape);
+  return set_local(name, f.data(), DType::kF32, shape);
 }
 
 bool Weights::set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format) {
+  FANTAI_REQUIRE(!shard_.active(), "GPTQ / AWQ checkpoints are not split for tensor parallelism yet ("
+                                       << name << "); use tensor_parallel_size 1");
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/buffer.h"
 #include "model/model_config.h"
+#include "model/tp_shard.h"
 
 namespace fantai::model {
 
@@ -83,6 +84,9 @@ class Weights {
   // A canonical quantized matrix (GPTQ / AWQ / RTN checkpoints); `format` is reported as is.
   bool set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format);
   void finalize();  // throws listing missing tensors; ties lm_head to the embedding if needed
+  // Tensor parallelism: the setters above take full checkpoint tensors and keep this rank's
+  // share (model/tp_shard); the config given to the constructor is already the share's.
+  void set_shard(const TpShard& shard) { shard_ = shard; }
 
   DType dtype() const { return dtype_; }
   const Buffer& embed() const { return embed_; }            // [vocab, hidden]
@@ -116,6 +120,10 @@ class Weights {
     bool norm = false;             // an RMSNorm weight: Gemma's (1 + w) is folded in at load
   };
   Slot resolve(const std::string& name);
+  bool set_local(const std::string& name, const void* data, DType src_dtype,
+                 const std::vector<int64_t>& shape);
+  bool set_ggml_local(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
+                      int64_t rows, int64_t cols, const int32_t* row_perm);
   bool set_resolved(const Slot& s, const std::string& name, const void* data, DType src_dtype);
   // Mixture of experts (weights_moe.cpp): expert and router names, transformers' fused 3-D expert
   // tensors split into experts, the finalize checks, packing and the backend's descriptors.
@@ -135,6 +143,7 @@ class Weights {
                  DType src_dtype, DType dst_dtype);
 
   ModelConfig config_;
+  TpShard shard_;
   DType dtype_;
   Backend* backend_;
   std::string quantization_;

@@ -11,6 +11,7 @@ from fantai.engine_args import EngineArgs, engine_args_from
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
+from fantai.structured import structured_spec
 
 logger = logging.getLogger("fantai")
 
@@ -90,6 +91,10 @@ class LLM(CoreHolder):
         try:
             for st in states:
                 core = st.core_requests(self.max_model_len)
+                spec = structured_spec(st.params)
+                if spec is not None:  # ValueError (the grammar's own message) if it won't compile
+                    self.grammars.register([cid for cid, _ in core], spec)
+                    owner.update({cid: (st, i) for i, (cid, _) in enumerate(core)})
                 # n > 1: one request; its siblings fork from it and share the prompt's KV blocks.
                 self.engine.add_request(core[0][0], st.prompt_token_ids, core[0][1], core[1:])
                 for i, (core_id, _) in enumerate(core):
@@ -99,6 +104,8 @@ class LLM(CoreHolder):
             for core_id in owner:
                 self.engine.abort_request(core_id)
             raise
+        finally:
+            self.grammars.release(list(owner))
         return [st.result for st in states]
 
     def _loop(self, owner: dict[int, tuple[RequestState, int]], total: int, use_tqdm: bool) -> None:

@@ -140,6 +140,8 @@ class RawTensor:
 
 def _clean_float(x: float) -> float:
     # GGUF stores f32: 1e-5 reads back as 9.9999997e-06; give the shortest float32 repr instead.
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x):
+        raise ValueError(f"{x!r} is not a finite number")
     return float(str(np.float32(x)))
 
 
@@ -186,34 +188,51 @@ class GGUFModel:
         bos = self.metadata.get("tokenizer.ggml.bos_token_id")
         self.bos_token_id: int | None = None if bos is None else int(bos)
         self.eos_token_ids: list[int] = _end_token_ids(self.metadata)
-        self.config: dict[str, Any] = self._build_config()
+        try:
+            self.config: dict[str, Any] = self._build_config()
+        except (TypeError, KeyError, IndexError, ValueError, OverflowError) as e:  # a key of the wrong kind
+            if str(e).startswith(path):
+                raise
+            raise ValueError(f"{path}: GGUF metadata of the wrong type ({type(e).__name__}: {e})") from e
 
     def _arch_value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.arch}.{key}", default)
 
+    def _int(self, key: str, default: Any = None, lo: int = 1, hi: int = 1 << 24) -> int:
+        """An integer architecture key in [lo, hi]: anything else names the file and the key."""
+        value = self._arch_value(key, default)
+        if isinstance(value, list) and value and all(v == value[0] for v in value):
+            value = value[0]  # per-layer arrays (head counts) that are uniform
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ValueError(f"{self.path}: metadata {self.arch}.{key} = {value!r} is not an integer in "
+                             f"[{lo}, {hi}]")
+        return value
+
     def _build_config(self) -> dict[str, Any]:
-        hidden = int(self._arch_value("embedding_length"))
-        heads = int(self._arch_value("attention.head_count"))
-        kv_heads = int(self._arch_value("attention.head_count_kv", heads))
+        hidden = self._int("embedding_length")
+        heads = self._int("attention.head_count", hi=1 << 16)
+        kv_heads = self._int("attention.head_count_kv", heads, hi=heads)
         tokens = self.metadata.get("tokenizer.ggml.tokens", [])
-        vocab = self._arch_value("vocab_size") or len(tokens)
+        if not isinstance(tokens, list):
+            raise ValueError(f"{self.path}: metadata tokenizer.ggml.tokens is not a list")
+        vocab = self._int("vocab_size", len(tokens) or None, hi=1 << 28)
         eos = self.metadata.get("tokenizer.ggml.eos_token_id")
         cfg: dict[str, Any] = {
             "architectures": [self.spec.hf_architecture],
             "model_type": self.spec.model_type,
             "vocab_size": int(vocab),
             "hidden_size": hidden,
-            "intermediate_size": int(self._arch_value("feed_forward_length")),
-            "num_hidden_layers": int(self._arch_value("block_count")),
+            "intermediate_size": self._int("feed_forward_length"),
+            "num_hidden_layers": self._int("block_count", hi=1 << 16),
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads,
-            "head_dim": int(self._arch_value("attention.key_length", hidden // heads)),
+            "head_dim": self._int("attention.key_length", hidden // heads, hi=1 << 16),
             "hidden_act": "silu",
             "rms_norm_eps": _clean_float(
                 self._arch_value("attention.layer_norm_rms_epsilon", 1e-6)
             ),
             "rope_theta": _clean_float(self._arch_value("rope.freq_base", 10000.0)),
-            "max_position_embeddings": int(self._arch_value("context_length", 2048)),
+            "max_position_embeddings": self._int("context_length", 2048, hi=1 << 24),
             "tie_word_embeddings": "output.weight" not in self._by_name,
             "attention_bias": "blk.0.attn_q.bias" in self._by_name,
             "bos_token_id": self.bos_token_id,

@@ -51,7 +51,10 @@ bool Weights::set_fused_experts(const std::string& name, const void* data, DType
       R"(model\.layers\.(\d+)\.(block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj))");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return false;
-  const int64_t H = config_.hidden_size, I = config_.moe_intermediate_size, E = config_.num_experts;
+  // The checkpoint's sizes (a tensor-parallel rank's own config has 1/N of the expert width):
+  // each full expert slice goes through set(), which keeps this rank's share.
+  const ModelConfig& full = shard_.active() ? shard_.full : config_;
+  const int64_t H = full.hidden_size, I = full.moe_intermediate_size, E = full.num_experts;
   const bool gate_up = m[3] == "gate_up_proj";
   const std::vector<int64_t> want = gate_up ? std::vector<int64_t>{E, 2 * I, H}
                                             : std::vector<int64_t>{E, H, I};

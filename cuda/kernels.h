@@ -1,5 +1,5 @@
 // cuda: host-side launchers of the CUDA kernels, one group per file (norm.cu, elementwise.cu,
-// gemm.cu, attention.cu, sampling.cu). All pointers are device pointers; every launcher only
+// gemm.cu, attention.cu, sampling.cu, quant.cu, moe.cu). All pointers are device pointers; every launcher only
 // enqueues on `stream`. The backend (cuda_backend.cu) and the tests call these.
 #pragma once
 
@@ -74,5 +74,16 @@ QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst, cudaStream_t str
 void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy,
               cudaStream_t stream);
 void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out, cudaStream_t stream);
+
+// moe.cu: mixture of experts (Backend::moe_route and the two ends of Backend::moe_experts).
+// moe_route: the CPU backend's arithmetic, one block per row. moe_gather: xg[i] = x[slots[i] /
+// top_k]. moe_scatter_add: out[slots[i] / top_k] += weights[slots[i]] * yg[i], for the m rows of
+// one expert (distinct output rows).
+void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k, bool renormalize,
+               int32_t* ids, float* weights, cudaStream_t stream);
+void moe_gather(const float* x, const int64_t* slots, int64_t m, int32_t top_k, int64_t hidden, float* xg,
+                cudaStream_t stream);
+void moe_scatter_add(const float* yg, const int64_t* slots, const float* weights, int64_t m, int32_t top_k,
+                     int64_t hidden, float* out, cudaStream_t stream);
 
 }  // namespace fantai::cuda

@@ -167,6 +167,23 @@ class Backend {
   virtual bool mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out,
                           int64_t m, int64_t inter, int64_t hidden);
 
+  // Mixture-of-experts routing, per row of the router's logits [rows, num_experts]: the softmax
+  // over all experts in f32, its top_k largest (ties to the lower expert id), largest first, into
+  // ids [rows, top_k] and their probabilities into weights [rows, top_k], divided by the sum of
+  // those top_k when renormalize (Mixtral always; Qwen3-MoE when norm_topk_prob). A row's result
+  // depends on that row alone. Default: throws.
+  virtual void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k,
+                         bool renormalize, int32_t* ids, float* weights);
+  // The experts' SwiGLU MLPs, out [rows, hidden] = for each row r, over its top_k experts e = ids[r, j]
+  // in ascending expert id, the sum of weights[r, j] * down_e . (silu(gate_e . x[r]) * (up_e . x[r]))
+  // (transformers' order: a zero row, then each expert's weighted output added). The rows routed
+  // to one expert run as one batch through the backend's own linears, so each expert's matrices
+  // are read once per call, not once per row; the linears are batch invariant, so a row's result
+  // never depends on which experts the other rows chose. ids, weights: from moe_route (backend
+  // memory). Default: throws.
+  virtual void moe_experts(const float* x, const int32_t* ids, const float* weights, int64_t rows,
+                           int32_t top_k, const MoeExperts& experts, float* out);
+
   // Precision of the activations that meet bf16 matrices in a matrix unit: the inputs of
   // linears on bf16 weights, and attention's queries and softmax weights over a bf16 KV cache.
   // kF32 (the default) keeps them f32-grade. kBF16 lets the backend round them to bf16 where that

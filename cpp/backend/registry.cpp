@@ -40,6 +40,14 @@ void Backend::embedding_q(const int32_t*, int64_t, const QuantMatrix&, float*) {
   FANTAI_THROW("quantized embedding is not supported on the " << name() << " backend");
 }
 
+void Backend::moe_route(const float*, int64_t, int32_t, int32_t, bool, int32_t*, float*) {
+  FANTAI_THROW("mixture-of-experts routing is not supported on the " << name() << " backend");
+}
+void Backend::moe_experts(const float*, const int32_t*, const float*, int64_t, int32_t, const MoeExperts&,
+                          float*) {
+  FANTAI_THROW("mixture-of-experts layers are not supported on the " << name() << " backend");
+}
+
 bool Backend::set_matmul_precision(DType precision) {
   FANTAI_REQUIRE(precision == DType::kF32 || precision == DType::kBF16,
                  "matmul precision must be float32 or bfloat16, got " << dtype_name(precision));

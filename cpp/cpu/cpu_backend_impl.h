@@ -1,6 +1,7 @@
 // cpu: the CPU Backend class, shared by its rooms: construction and memory (cpu_backend.cpp),
 // linears dense, packed and quantized (cpu_backend_linear.cpp), the KV store and paged attention
-// (cpu_backend_attention.cpp), norms, RoPE, SiLU-mul, embedding and add (cpu_backend_misc.cpp).
+// (cpu_backend_attention.cpp), norms, RoPE, SiLU-mul, embedding and add (cpu_backend_misc.cpp),
+// mixture-of-experts routing and experts (cpu_backend_moe.cpp).
 // Each op checks its arguments, splits the work over the thread pool and calls the kernel table
 // of the chosen ISA; splitting never changes a row's arithmetic (see kernels.h). Private to cpu/.
 #pragma once
@@ -93,6 +94,11 @@ class CpuBackend final : public Backend {
 
   void add(float* x, const float* y, int64_t n) override;
 
+  void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k, bool renormalize,
+                 int32_t* ids, float* weights) override;
+  void moe_experts(const float* x, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                   const MoeExperts& experts, float* out) override;
+
  private:
   // A step's attention work, planned once and run per layer (cpu_backend_attention.cpp).
   static constexpr int kAttnQTile = 16;  // query rows per work item
@@ -172,6 +178,23 @@ class CpuBackend final : public Backend {
   std::vector<int8_t> xq_q_;                       // linear_panel's int8 activations; likewise
   std::vector<float> xq_d_;
   std::vector<int32_t> xq_s_;
+  // Mixture of experts (cpu_backend_moe.cpp): grow-only scratch; the step thread is the only caller.
+  void moe_linear(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y, int64_t m, int64_t n,
+                  int64_t k);
+  // Experts side by side, one pool task each, when no expert has more rows than this.
+  static constexpr int64_t kMoeSideBySideRows = 4;
+  struct MoeTaskScratch {  // one pool thread's int8 activations
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s;
+  };
+  void moe_linear_one_thread(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y, int64_t m,
+                             int64_t n, int64_t k, MoeTaskScratch* xq);
+  bool moe_experts_fit_one_thread(const MoeExperts& ex, const int64_t* offsets) const;
+  std::vector<float> moe_probs_, moe_x_, moe_y_, moe_gu_, moe_side_;
+  std::vector<int64_t> moe_offsets_, moe_slots_;
+  std::vector<int32_t> moe_active_;
+  std::vector<MoeTaskScratch> moe_task_scratch_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
 };

@@ -104,6 +104,14 @@ void scale(float* x, float s, int64_t n);
 void softcap(float* x, float cap, int64_t n);
 void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out);
 void add(float* x, const float* y, int64_t n);
+// Mixture of experts (kernels_ref_moe.cpp): Backend::moe_route in double; Backend::moe_experts on
+// dense matrices gate_up [num_experts, 2 * inter, hidden] and down [num_experts, hidden, inter]
+// in dtype, each expert through ref::linear and ref::silu_mul, summed in double.
+void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k, bool renormalize,
+               int32_t* ids, float* weights);
+void moe_experts(const float* x, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                 const void* gate_up, const void* down, DType dtype, int32_t num_experts, int64_t hidden,
+                 int64_t inter, float* out);
 // The sampler's row reductions in one lane, std::exp, summed in order.
 MaxSumExp max_sum_exp(const float* l, int32_t n);
 int32_t argmax(const float* l, int32_t n);

@@ -1,4 +1,5 @@
-// model: a Llama-family decoder: config + weights + one batched forward over paged KV.
+// model: a Llama-family decoder (dense or mixture-of-experts): config + weights + one batched
+// forward over paged KV.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +72,7 @@ class Model {
               int64_t m, int64_t n, int64_t k, bool packed = false);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
+  void moe_block(int layer, int32_t num_tokens);  // a sparse layer's MLP (moe.cpp)
 
   TpShard shard_;  // before config_: the constructor fills it while sharding the config
   ModelConfig config_;
@@ -83,6 +85,9 @@ class Model {
   // Step workspace, grown on demand, reused across steps (no allocation in the steady state).
   int32_t capacity_ = 0;
   Buffer residual_, normed_, qkv_, attn_out_, proj_out_, gate_up_, act_, last_res_, last_x_;
+  // Sparse layers' step workspace (moe.cpp): router logits, chosen experts and their weights.
+  int32_t moe_capacity_ = 0;
+  Buffer router_logits_, moe_ids_, moe_weights_;
   StepStaging staging_;               // the step's metadata and logits on a device backend
   int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
   float* greedy_logprobs_ = nullptr;

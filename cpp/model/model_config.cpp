@@ -1,6 +1,7 @@
 // model: config.json parsing and rotary frequencies.
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -91,14 +92,14 @@ void parse_rope(const json& j, ModelConfig& c) {
 const char* const kArchitectures[][2] = {
     {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"},
     {"Qwen3ForCausalLM", "qwen3"}, {"Gemma2ForCausalLM", "gemma2"},   {"Gemma3ForCausalLM", "gemma3_text"},
-    {"Phi3ForCausalLM", "phi3"},
+    {"Phi3ForCausalLM", "phi3"},   {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
 };
 
 // The switches of the families that are Llama plus a few differences.
 void parse_family(const json& j, ModelConfig& c) {
   const std::string& a = c.architecture;
   const bool gemma = a == "Gemma2ForCausalLM" || a == "Gemma3ForCausalLM";
-  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Gemma3ForCausalLM";
+  c.qk_norm = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "Gemma3ForCausalLM";
   c.sandwich_norms = gemma;
   // A GGUF from llama.cpp's converter already holds 1 + w (its loader says so in this key).
   c.norm_plus_one = gemma && !get_or<bool>(j, "norm_weights_include_one", false);
@@ -125,9 +126,40 @@ void parse_family(const json& j, ModelConfig& c) {
   }
 }
 
+// Mixtral names its experts num_local_experts and sizes them with intermediate_size; Qwen3-MoE
+// says num_experts (transformers 5 writes num_local_experts for it too) and moe_intermediate_size.
+void parse_moe(const json& j, ModelConfig& c) {
+  const bool mixtral = c.architecture == "MixtralForCausalLM", qwen = c.architecture == "Qwen3MoeForCausalLM";
+  if (!mixtral && !qwen) return;
+  FANTAI_REQUIRE(!c.gelu_tanh, c.architecture << ": the experts are SwiGLU (hidden_act silu)");
+  c.num_experts = get_or<int32_t>(j, "num_experts", get_or<int32_t>(j, "num_local_experts", 0));
+  c.num_experts_per_tok = get_or<int32_t>(j, "num_experts_per_tok", mixtral ? 2 : 8);
+  // transformers' defaults: Mixtral always renormalises, Qwen3-MoE only when asked.
+  c.norm_topk_prob = mixtral || get_or<bool>(j, "norm_topk_prob", false);
+  if (mixtral) {
+    c.moe_intermediate_size = get_or<int32_t>(j, "moe_intermediate_size", c.intermediate_size);
+  } else {
+    c.moe_intermediate_size = get_or<int32_t>(j, "moe_intermediate_size", 0);
+    c.decoder_sparse_step = get_or<int32_t>(j, "decoder_sparse_step", 1);
+    c.mlp_only_layers = get_or<std::vector<int32_t>>(j, "mlp_only_layers", {});
+  }
+  FANTAI_REQUIRE(
+      c.num_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts &&
+          c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0,
+      c.architecture << ": config.json needs num_experts > 0, 0 < num_experts_per_tok <= "
+                        "num_experts, a positive moe_intermediate_size and decoder_sparse_step (got "
+                     << c.num_experts << ", " << c.num_experts_per_tok << ", " << c.moe_intermediate_size
+                     << ", " << c.decoder_sparse_step << ")");
+}
+
 ModelConfig parse_config(const json& j);  // below, after the range checks it uses
 
 }  // namespace
+
+bool ModelConfig::is_moe_layer(int32_t layer) const {
+  if (num_experts == 0 || decoder_sparse_step <= 0 || (layer + 1) % decoder_sparse_step != 0) return false;
+  return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+}
 
 ModelConfig ModelConfig::from_json(const std::string& text) {
   json j;
@@ -207,6 +239,7 @@ ModelConfig parse_config(const json& j) {
   c.torch_dtype = dtype_from_name(dt);
   c.eos_token_ids = token_ids(j, "eos_token_id");
   c.bos_token_id = get_or<int32_t>(j, "bos_token_id", -1);
+  parse_moe(j, c);
   return c;
 }
 
@@ -225,6 +258,7 @@ std::string ModelConfig::summary() const {
   o << architecture << ": " << num_layers << " layers, hidden " << hidden_size << ", heads " << num_heads
     << "/" << num_kv_heads << " (q/kv), head_dim " << head_dim << ", vocab " << vocab_size << ", rope "
     << rope_scaling.type << " theta " << rope_theta;
+  if (num_experts > 0) o << ", experts " << num_experts_per_tok << " of " << num_experts;
   return o.str();
 }
 

@@ -19,8 +19,9 @@ struct RopeScaling {
   float attention_factor = 1.0f;                    // longrope: multiplies cos and sin
 };
 
-// The decoders fantai runs: Llama (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) and
-// the families that differ from it by switches below (Qwen3, Gemma 2 / 3, Phi-3).
+// The decoders fantai runs: Llama (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), the
+// families that differ from it by switches below (Qwen3, Gemma 2 / 3, Phi-3), and the
+// mixture-of-experts forms of Llama and Qwen3 (MixtralForCausalLM, Qwen3MoeForCausalLM).
 struct ModelConfig {
   std::string architecture = "LlamaForCausalLM";
   std::string model_type = "llama";
@@ -40,6 +41,15 @@ struct ModelConfig {
   DType torch_dtype = DType::kF32;
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
+  // Mixture of experts (model/moe.cpp); num_experts == 0 for a dense model. A sparse layer's MLP
+  // is num_experts SwiGLU experts of moe_intermediate_size, num_experts_per_tok of them per token.
+  int32_t num_experts = 0;
+  int32_t num_experts_per_tok = 0;
+  int32_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;            // the chosen experts' probabilities divided by their sum
+  int32_t decoder_sparse_step = 1;       // layer i is sparse when (i + 1) % step == 0 ...
+  std::vector<int32_t> mlp_only_layers;  // ... and i is not listed here (those keep a dense MLP)
+  bool is_moe_layer(int32_t layer) const;
 
   // ---- family switches; the defaults are the Llama decoder ----
   bool qk_norm = false;                // RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)

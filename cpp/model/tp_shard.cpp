@@ -10,7 +10,9 @@ namespace fantai::model {
 namespace {
 bool splits(const ModelConfig& c, int n) {
   const bool kv_ok = c.num_kv_heads % n == 0 || n % c.num_kv_heads == 0;
-  return n >= 1 && c.num_heads % n == 0 && kv_ok && c.intermediate_size % n == 0;
+  // Mixture of experts: every expert is split like the dense MLP (1/N of its columns per rank).
+  const bool experts_ok = c.num_experts == 0 || c.moe_intermediate_size % n == 0;
+  return n >= 1 && c.num_heads % n == 0 && kv_ok && c.intermediate_size % n == 0 && experts_ok;
 }
 
 bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
@@ -35,6 +37,7 @@ ModelConfig shard_config(const ModelConfig& full, int rank, int world, TpShard* 
   ModelConfig c = full;
   c.num_heads = full.num_heads / world;
   c.intermediate_size = full.intermediate_size / world;
+  c.moe_intermediate_size = full.moe_intermediate_size / world;
   // KV heads: split when there are enough, else every rank holds the one its heads read.
   c.num_kv_heads = full.num_kv_heads >= world ? full.num_kv_heads / world : 1;
   const int32_t kv0 = full.num_kv_heads >= world ? rank * c.num_kv_heads : rank / (world / full.num_kv_heads);
@@ -57,7 +60,20 @@ ShardSelection select_shard(const TpShard& s, const std::string& name, int64_t r
     sel.rows = std::move(r);
   };
   const bool bias = has(name, ".bias");
-  if (has(name, "self_attn.qkv_proj")) keep_rows({{q0, q_loc}, {Q + k0, kv_loc}, {Q + KV + k0, kv_loc}});
+  // An expert's gate / up (Mixtral's w1 / w3) and down (w2), cut like the dense MLP's over the
+  // expert's own width; the router (mlp.gate, block_sparse_moe.gate) is replicated.
+  if (has(name, ".experts.")) {
+    const int64_t e_loc = f.moe_intermediate_size / s.world, e0 = s.rank * e_loc;
+    if (has(name, "gate_proj") || has(name, "up_proj") || has(name, ".w1.") || has(name, ".w3.")) {
+      keep_rows({{e0, e_loc}});
+    } else if (has(name, "down_proj") || has(name, ".w2.")) {
+      sel.whole = false;
+      sel.rows = {{0, rows}};
+      sel.col0 = e0;
+      sel.cols = e_loc;
+    }
+  } else if (has(name, "self_attn.qkv_proj"))
+    keep_rows({{q0, q_loc}, {Q + k0, kv_loc}, {Q + KV + k0, kv_loc}});
   else if (has(name, "self_attn.q_proj")) keep_rows({{q0, q_loc}});
   else if (has(name, "self_attn.k_proj") || has(name, "self_attn.v_proj")) keep_rows({{k0, kv_loc}});
   else if (has(name, "mlp.gate_up_proj")) keep_rows({{i0, i_loc}, {I + i0, i_loc}});

@@ -118,6 +118,7 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
 }
 
 void Model::mlp_block(int layer, int32_t n) {
+  if (config_.is_moe_layer(layer)) return moe_block(layer, n);
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layer(layer);
   Backend* be = backend_.get();

@@ -12,20 +12,6 @@
 
 namespace fantai::model {
 
-// Where one checkpoint tensor goes: rows [row_offset, row_offset + rows) of `buffer`, which is
-// lazily allocated with `total_rows` rows.
-struct Weights::Slot {
-  Buffer* buffer = nullptr;
-  int64_t total_rows = 0;
-  int64_t row_offset = 0;
-  int64_t rows = 0;
-  int64_t cols = 0;              // 1 for vectors
-  bool f32 = false;              // norms and biases stay f32
-  QuantParts* qparts = nullptr;  // where quantized row ranges of this matrix go
-  bool projection = false;       // q/k/v/o/gate/up/down: quantized online when asked
-  bool norm = false;             // an RMSNorm weight: Gemma's (1 + w) is folded in at load
-};
-
 Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend, const std::string& quantization)
     : config_(config),
       dtype_(dtype),
@@ -36,6 +22,7 @@ Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend, const
                  "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
   FANTAI_REQUIRE(quantization_ == "none" || quantization_ == "int8" || quantization_ == "int4",
                  "unknown quantization '" << quantization << "' (expected none, int8 or int4)");
+  init_experts();
 }
 
 ShardRule shard_rule(const std::string& n) {
@@ -56,6 +43,7 @@ Weights::Slot Weights::resolve(const std::string& name) {
     return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
   if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true, nullptr, false, true};
   if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false, &lm_head_q_};
+  if (Slot e; resolve_expert(name, &e)) return e;
   static const std::regex re(R"(model\.layers\.(\d+)\.(\w+)\.?(\w*)\.(weight|bias))");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return {};
@@ -119,6 +107,7 @@ void Weights::copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t c
 // Only this rank's rows and columns are read from the (mapped) checkpoint and converted.
 bool Weights::set(const std::string& name, const void* data, DType src_dtype,
                   const std::vector<int64_t>& shape) {
+  if (shape.size() == 3 && set_fused_experts(name, data, src_dtype, shape)) return true;
   if (!shard_.active() || shape.size() > 2 || shape.empty()) return set_local(name, data, src_dtype, shape);
   const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
   const ShardSelection sel = select_shard(shard_, name, rows, cols);
@@ -302,6 +291,7 @@ void Weights::finalize() {
       need(L.q_norm, p + "self_attn.q_norm.weight");
       need(L.k_norm, p + "self_attn.k_norm.weight");
     }
+    if (config_.is_moe_layer(i)) continue;  // its experts are checked below
     need_linear(L.gate_up, L.gate_up_q, p + "mlp.{gate,up}_proj.weight");
     need_linear(L.down, L.down_q, p + "mlp.down_proj.weight");
   }
@@ -315,11 +305,14 @@ void Weights::finalize() {
     };
     // A fused checkpoint tensor (Phi-3) stands for all its parts.
     const bool fused_qkv = has("self_attn.qkv_proj.weight"), fused_gate_up = has("mlp.gate_up_proj.weight");
+    const bool moe = config_.is_moe_layer(i);
     for (const char* part : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                              "mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-      const bool fused = std::string(part).rfind("self_attn", 0) == 0 ? fused_qkv : fused_gate_up;
-      if (!fused && !has(part)) missing.push_back(p + part);
+      const bool attn = std::string(part).rfind("self_attn", 0) == 0;
+      if (moe && !attn) continue;
+      if (!(attn ? fused_qkv : fused_gate_up) && !has(part)) missing.push_back(p + part);
     }
+    if (moe) check_experts(i, &missing);
   }
   if (!missing.empty()) {
     std::string list;
@@ -331,6 +324,7 @@ void Weights::finalize() {
   }
   pack_layers();
   pack_lm_head();
+  build_moe_views();
 }
 
 // The layer matrices move into the backend's packed layout when it has one for this dtype; each
@@ -345,10 +339,14 @@ void Weights::pack_layers() {
       Buffer* b;
       int64_t n, k;
     } mats[] = {{&L.qkv, qkv, H}, {&L.o, H, c.q_dim()}, {&L.gate_up, 2 * inter, H}, {&L.down, H, inter}};
+    const size_t count = L.experts.empty() ? 4 : 2;  // a sparse layer's MLP is its experts
     bool all = true;
-    for (const auto& mt : mats) all = all && backend_->dense_packed_bytes(dtype_, mt.n, mt.k) > 0;
+    for (size_t i = 0; i < count; ++i)
+      all = all && backend_->dense_packed_bytes(dtype_, mats[i].n, mats[i].k) > 0;
     if (!all) return;  // the same for every layer
-    for (const auto& mt : mats) {
+    if (!L.experts.empty()) pack_experts(L);
+    for (size_t i = 0; i < count; ++i) {
+      const auto& mt = mats[i];
       Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, mt.n, mt.k), false);
       backend_->pack_dense(mt.b->data(), dtype_, mt.n, mt.k, packed.data());
       *mt.b = std::move(packed);
@@ -397,7 +395,7 @@ size_t Weights::total_bytes() const {
     total += L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() + L.post_mlp_norm.bytes();
     total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.o_bias.bytes() +
              L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() + parts(L.qkv_q) + parts(L.o_q) +
-             parts(L.gate_up_q) + parts(L.down_q);
+             parts(L.gate_up_q) + parts(L.down_q) + expert_bytes(L);
   }
   return total;
 }

@@ -39,6 +39,12 @@ VARIANTS = {
     "qwen2_bias": dict(arch="qwen2", heads=4, kv_heads=2, use_sliding_window=False),
     # head_dim apart from hidden / heads, per-head q/k norms
     "qwen3_qk_norm": dict(arch="qwen3", heads=4, kv_heads=2, head_dim=32, use_sliding_window=False),
+    # mixture of experts: each expert split like the dense MLP, the router replicated
+    "mixtral_moe": dict(arch="mixtral", heads=4, kv_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                        inter=64),
+    # a dense layer (mlp_only_layers) beside a sparse one
+    "qwen3_moe": dict(arch="qwen3_moe", heads=4, kv_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                      inter=64, moe_intermediate_size=32, mlp_only_layers=[1], use_sliding_window=False),
 }
 
 

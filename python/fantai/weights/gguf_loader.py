@@ -42,7 +42,10 @@ ARCHS: dict[str, ArchSpec] = {
     "gemma2": ArchSpec("Gemma2ForCausalLM", "gemma2", False),
     "gemma3": ArchSpec("Gemma3ForCausalLM", "gemma3_text", False),
     "phi3": ArchSpec("Phi3ForCausalLM", "phi3", False),
+    "qwen3moe": ArchSpec("Qwen3MoeForCausalLM", "qwen3_moe", False),
 }
+# llama.cpp writes Mixtral as arch "llama" with an expert count.
+MIXTRAL = ArchSpec("MixtralForCausalLM", "mixtral", True)
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -57,6 +60,7 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture-of-experts layer's router
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",
@@ -72,6 +76,12 @@ _ARCH_BLOCK_NAMES: dict[str, dict[str, str]] = {
     "gemma3": {"ffn_norm": "pre_feedforward_layernorm"},
     "phi3": {"ffn_up": "mlp.gate_up_proj"},
 }
+# Mixture of experts: the router, each layer's experts stacked in one 3-D tensor per matrix
+# ([experts, rows, cols] row-major), and the per-expert tensors of early Mixtral files.
+_EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+                  "ffn_down_exps": "down_proj"}
+_LEGACY_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
+EXPERT_PLACEHOLDER = "*"  # in an HF name: one tensor per expert
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
 
@@ -83,10 +93,18 @@ END_OF_TURN_TEXTS = frozenset(
 CONTROL_TOKEN_TYPES = frozenset({3, 4})  # gguf TokenType CONTROL, USER_DEFINED
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
-    """HF parameter name for a GGUF tensor name, or None when it has no HF counterpart."""
+    """HF parameter name for a GGUF tensor name, or None when it has no HF counterpart. A stack of
+    experts maps to a name with EXPERT_PLACEHOLDER where the expert's index goes."""
+    m = _LEGACY_EXPERT_RE.match(gguf_name)
+    if m:
+        layer, part, expert = m.groups()
+        return f"model.layers.{layer}.mlp.experts.{expert}.{part}_proj.weight"
     m = _BLOCK_RE.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
+        if part in _EXPERT_STACKS and kind == "weight":
+            proj = _EXPERT_STACKS[part]
+            return f"model.layers.{layer}.mlp.experts.{EXPERT_PLACEHOLDER}.{proj}.weight"
         hf = _ARCH_BLOCK_NAMES.get(arch, {}).get(part) or _BLOCK_NAMES.get(part)
         return f"model.layers.{layer}.{hf}.{kind}" if hf else None
     m = _GLOBAL_RE.match(gguf_name)
@@ -160,6 +178,8 @@ class GGUFModel:
                 f"{path}: unsupported GGUF architecture {self.arch!r} (supported: {sorted(ARCHS)})"
             )
         self.spec = ARCHS[self.arch]
+        if self.spec.model_type == "llama" and self._arch_value("expert_count", 0):
+            self.spec = MIXTRAL
         self._by_name: dict[str, TensorInfo] = {t.name: t for t in self._file.tensors}
         self.tokenizer_metadata: dict[str, Any] = {
             k: v for k, v in self.metadata.items() if k.startswith("tokenizer.")
@@ -226,6 +246,7 @@ class GGUFModel:
         if rope_scaling is not None:
             cfg["rope_scaling"] = rope_scaling
         self._family_config(cfg)
+        cfg.update(self._moe_config(cfg))
         return cfg
 
     def _family_config(self, cfg: dict[str, Any]) -> None:
@@ -274,6 +295,25 @@ class GGUFModel:
         t = self._by_name[gguf_name]
         return dequantize_raw(self._file.tensor_bytes(t), t.ggml_type, tuple(reversed(t.shape))).reshape(-1)
 
+    def _moe_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Expert counts and sizes; a layer without a router (ffn_gate_inp) keeps a dense MLP."""
+        experts = int(self._arch_value("expert_count", 0) or 0)
+        if not experts:
+            return {}
+        layers = cfg["num_hidden_layers"]
+        return {
+            "num_local_experts": experts,
+            "num_experts": experts,
+            "num_experts_per_tok": int(self._arch_value("expert_used_count", 2)),
+            "moe_intermediate_size": int(self._arch_value("expert_feed_forward_length",
+                                                          cfg["intermediate_size"])),
+            # llama.cpp always renormalises the chosen experts' weights for these two archs
+            "norm_topk_prob": bool(self._arch_value("expert_weights_norm", True)),
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [i for i in range(layers)
+                                if f"blk.{i}.ffn_gate_inp.weight" not in self._by_name],
+        }
+
     def _rope_scaling(self) -> dict[str, Any] | None:
         kind = self._arch_value("rope.scaling.type")
         factor = self._arch_value("rope.scaling.factor")
@@ -303,18 +343,35 @@ class GGUFModel:
         return [t.name for t in self._file.tensors if hf_tensor_name(t.name, self.arch) is None]
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Yield (hf_name, array) one tensor at a time: HF layout [out, in], f32 (F16 stays f16)."""
+        """Yield (hf_name, array) one tensor at a time: HF layout [out, in], f32 (F16 stays f16);
+        a stack of experts as one tensor per expert."""
         for gguf_name, hf_name in self.tensor_names():
-            yield hf_name, self.tensor(gguf_name)
+            array = self.tensor(gguf_name)
+            if EXPERT_PLACEHOLDER in hf_name:
+                for e in range(array.shape[0]):
+                    yield hf_name.replace(EXPERT_PLACEHOLDER, str(e)), array[e]
+            else:
+                yield hf_name, array
 
     def close(self) -> None:
         """Unmaps the file (its pages stop counting as resident once the core holds its copy)."""
         self._file.close()
 
     def raw_tensors(self) -> Iterator[RawTensor]:
-        """Every mapped tensor as raw bytes + type + the q/k row permutation: nothing dequantized."""
+        """Every mapped tensor as raw bytes + type + the q/k row permutation: nothing dequantized.
+        A stack of experts comes as one tensor per expert (views of its rows: ggml blocks never
+        cross a row, so each expert's bytes are a contiguous slice)."""
         for gguf_name, hf_name in self.tensor_names():
-            yield self.raw_tensor(gguf_name, hf_name)
+            if EXPERT_PLACEHOLDER not in hf_name:
+                yield self.raw_tensor(gguf_name, hf_name)
+                continue
+            stack = self.raw_tensor(gguf_name, hf_name)
+            experts = self._by_name[gguf_name].shape[2]
+            rows, per = stack.rows // experts, stack.data.nbytes // experts
+            for e in range(experts):
+                name = hf_name.replace(EXPERT_PLACEHOLDER, str(e))
+                yield RawTensor(name, stack.data[e * per:(e + 1) * per], stack.ggml_type, rows,
+                                stack.cols, None, 2)
 
     def raw_tensor(self, gguf_name: str, hf_name: str | None = None) -> RawTensor:
         t = self._by_name[gguf_name]

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BUILD := build/wheel
-SYSTEM_PACKAGES := cmake ninja-build g++ libgtest-dev nlohmann-json3-dev chromium chromium-driver
+SYSTEM_PACKAGES := cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin chromium chromium-driver
 
 .PHONY: serve test test-isa install system-deps test-cpp test-python bench bench-smoke clean
 
@@ -70,6 +70,7 @@ bench-smoke: install
 	$(BUILD)/bench/bench_kernels --short --threads 2
 	$(PY) bench/bench_offline.py --short
 	$(PY) bench/bench_serve.py --short
+	$(PY) bench/bench_structured.py engines
 
 clean:
 	rm -rf build $(VENV)

@@ -6,7 +6,7 @@
 // double-precision reference (cpu::ref) within its arithmetic's error bound; exits 1 on a miss,
 // never on a time.
 // Over 400 lines: one binary with a section per op family (probe, linear, qlinear, attention,
-// step), each short, sharing the timing and roofline helpers.
+// step, moe), each short, sharing the timing and roofline helpers.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -300,6 +301,85 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
 
 double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX2
 
+// ---- mixture of experts --------------------------------------------------------------------------
+// One Qwen3-30B-A3B-sized sparse layer (128 experts of hidden 2048 x inter 768, top 8) through
+// Backend::moe_experts, experts in `f` (or dense bf16, AMX-packed where the backend packs).
+// GB/s counts the matrices of the experts a call touches, each read once, against the
+// read-bandwidth probe; the experts (0.36-1.2 GB) exceed the caches.
+void bench_moe(Backend& b, const QFormat* f, int64_t tokens) {
+  const int32_t E = 128, k = 8;
+  const int64_t H = 2048, I = 768;
+  std::vector<QWeight> q;
+  std::vector<std::vector<uint16_t>> dense;
+  std::vector<void*> packed;
+  std::vector<MoeExpert> view(E);
+  size_t expert_bytes = 0;
+  for (int32_t e = 0; e < E; ++e) {
+    if (f) {
+      q.emplace_back(b, *f, I, H, 1000 + 3 * e);
+      q.emplace_back(b, *f, I, H, 1001 + 3 * e);
+      q.emplace_back(b, *f, H, I, 1002 + 3 * e);
+      MoeExpert& x = view[e];
+      x.gate_up.num_parts = 2;
+      x.gate_up.parts[0] = q[q.size() - 3].w;
+      x.gate_up.parts[1] = q[q.size() - 2].w;
+      x.gate_up.part_row0[1] = I;
+      x.down.num_parts = 1;
+      x.down.parts[0] = q.back().w;
+      expert_bytes = q[0].bytes + q[1].bytes + q[2].bytes;
+    } else {
+      for (auto [n, kk] : {std::pair<int64_t, int64_t>{2 * I, H}, {H, I}}) {
+        std::vector<uint16_t> w(n * kk, 0x3c00);  // bf16 1.0-ish bits: the values do not matter
+        const size_t pb = b.dense_packed_bytes(DType::kBF16, n, kk);
+        if (pb) {
+          packed.push_back(b.alloc(pb));
+          b.pack_dense(w.data(), DType::kBF16, n, kk, packed.back());
+        } else {
+          dense.push_back(std::move(w));
+        }
+      }
+      const bool is_packed = !packed.empty();
+      view[e].gate_up.dense = is_packed ? packed[packed.size() - 2] : dense[dense.size() - 2].data();
+      view[e].down.dense = is_packed ? packed.back() : dense.back().data();
+      expert_bytes = 3 * H * I * 2;
+    }
+  }
+  MoeExperts ex;
+  ex.num_experts = E, ex.hidden = H, ex.inter = I, ex.dtype = DType::kBF16, ex.experts = view.data();
+  ex.packed = !f && !packed.empty();
+  // Round-robin routings: call c's slots take experts c * tokens * k, c * tokens * k + 1, ... (mod
+  // E), so consecutive calls touch other experts and a cycle sweeps all of them (a random choice
+  // of 8 per call keeps re-reading a cache-sized subset).
+  constexpr int kRoutings = 16;
+  std::vector<std::vector<int32_t>> ids(kRoutings, std::vector<int32_t>(tokens * k));
+  for (int r = 0; r < kRoutings; ++r)
+    for (int64_t s = 0; s < tokens * k; ++s) ids[r][s] = static_cast<int32_t>((r * tokens * k + s) % E);
+  const double touched = static_cast<double>(std::min<int64_t>(E, tokens * k));
+  const std::vector<float> w(tokens * k, 0.125f);
+  auto x = randn(tokens * H, 3);
+  std::vector<float> out(tokens * H);
+  // The mean over a whole cycle after a warm-up cycle, not the best call: the best is the call
+  // whose experts happened to stay in the last-level cache. (512 tokens: 3 calls, compute-bound.)
+  const int calls = tokens >= 512 ? 3 : kRoutings;
+  auto cycle = [&] {
+    for (int c = 0; c < calls; ++c)
+      b.moe_experts(x.data(), ids[c].data(), w.data(), tokens, k, ex, out.data());
+  };
+  cycle();
+  const double t0 = now_us();
+  cycle();
+  const double us = (now_us() - t0) / calls;
+  const double bytes = touched * static_cast<double>(expert_bytes);
+  char name[96];
+  std::snprintf(name, sizeof(name), "moe_experts %-5s tokens=%-4lld (%3.0f of %d experts)",
+                f ? f->name : "bf16", static_cast<long long>(tokens), touched, E);
+  std::printf("%-52s %10.1f us %8.1f GB/s", name, us, bytes / us * 1e-3);
+  if (g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  std::printf("  %8.1f tok/s\n", tokens * 1e6 / us);
+  for (void* p : packed) b.free(p);
+}
+
 // Attention over the first pool against ref::attention over the same cache (so int8 and bf16
 // values are the same on both sides). Per output (query row, head, d): scores carry f32 dot
 // product error gamma(hd + 1) * scale * sum |q k|, exp a few ulps (2^-20 leaves room for the
@@ -539,7 +619,7 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
       const Layer& w = Ls[l];
       b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H);
       tick(kQkv);
-      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, cs.data());
+      b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, hd, cs.data());
       tick(kRope);
       b.store_kv(qkv.data() + nh * hd, qkv.data() + (nh + nkv) * hd, qkv_dim, slots.data(), n, kc[l].data(),
                  vc[l].data(), L);
@@ -1115,11 +1195,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--short")) g_short = true;
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-                   "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode] [--cpu-time] "
-                   "[--matmul-precision float32|bfloat16]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
+          "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode|moe] [--cpu-time] "
+          "[--matmul-precision float32|bfloat16]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -1213,6 +1294,11 @@ int main(int argc, char** argv) {
     bench_attention(*b, "prefill", 1, 512, 512, DType::kBF16);
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kF32);
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kBF16);
+  }
+  if (only == "moe") {  // not in the default run: the experts take 0.4-1.2 GB
+    if (g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());
+    for (const QFormat* f : {&kQFormats[3], &kQFormats[2], static_cast<const QFormat*>(nullptr)})
+      for (int64_t tokens : {1, 4, 64, 512}) bench_moe(*b, f, tokens);
   }
   if (want("step")) {
     for (DType wt : {DType::kBF16, DType::kF32}) {

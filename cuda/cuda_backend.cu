@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "common/logging.h"
 #include "cuda/common.cuh"
@@ -31,6 +32,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     if (workspace_) cudaFree(workspace_);
     if (sample_buf_) cudaFree(sample_buf_);
+    if (moe_buf_) cudaFree(moe_buf_);
     cudaStreamDestroy(stream_);
   }
 
@@ -95,12 +97,17 @@ class CudaBackend final : public Backend {
     bind();
     cuda::add_rms_norm(residual, x, weight, out, rows, dim, eps, stream_);
   }
+  void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                      const float* weight, float eps) override {
+    bind();
+    cuda::rms_norm_heads(x, stride, num_tokens, num_heads, head_dim, weight, eps, stream_);
+  }
   void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
             int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-            const float* cos_sin) override {
+            int32_t rotary_dim, const float* cos_sin) override {
     bind();
-    cuda::rope(q, q_stride, k, k_stride, positions, num_tokens, num_q_heads, num_kv_heads, head_dim, cos_sin,
-               stream_);
+    cuda::rope(q, q_stride, k, k_stride, positions, num_tokens, num_q_heads, num_kv_heads, head_dim,
+               rotary_dim, cos_sin, stream_);
   }
   void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
                 int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& layout) override {
@@ -119,6 +126,18 @@ class CudaBackend final : public Backend {
   void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
     bind();
     cuda::silu_mul(gate_up, out, rows, inter, stream_);
+  }
+  void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override {
+    bind();
+    cuda::gelu_tanh_mul(gate_up, out, rows, inter, stream_);
+  }
+  void scale(float* x, float s, int64_t n) override {
+    bind();
+    cuda::scale(x, s, n, stream_);
+  }
+  void softcap(float* x, float cap, int64_t n) override {
+    bind();
+    cuda::softcap(x, cap, n, stream_);
   }
   void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
                  float* out) override {
@@ -145,6 +164,60 @@ class CudaBackend final : public Backend {
   void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override {
     bind();
     cuda::embedding_q(ids, n, table, out, stream_);
+  }
+
+  void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k, bool renormalize,
+                 int32_t* ids, float* weights) override {
+    bind();
+    cuda::moe_route(logits, rows, num_experts, top_k, renormalize, ids, weights, stream_);
+  }
+  // The grouping is done on the host: the chosen experts come back in one small download (which
+  // waits for the stream), and each expert's row count sizes its linears. Experts then run in
+  // ascending id on the stream: gather, gate|up, silu-mul, down, weighted scatter-add.
+  void moe_experts(const float* x, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                   const MoeExperts& ex, float* out) override {
+    bind();
+    const int32_t E = ex.num_experts;
+    const int64_t H = ex.hidden, I = ex.inter, n = rows * top_k;
+    FANTAI_REQUIRE(rows >= 0 && top_k > 0 && top_k <= E && H > 0 && I > 0 && ex.experts && !ex.packed,
+                   "moe_experts: bad shape rows=" << rows << " top_k=" << top_k << " experts=" << E);
+    if (rows == 0) return;
+    moe_ids_.resize(static_cast<size_t>(n));
+    download(moe_ids_.data(), ids, static_cast<size_t>(n) * sizeof(int32_t));
+    moe_offsets_.resize(static_cast<size_t>(E) + 1);
+    moe_slots_.resize(static_cast<size_t>(n));
+    moe_group_slots(moe_ids_.data(), rows, top_k, E, moe_offsets_.data(), moe_slots_.data());
+    int64_t max_m = 0;
+    for (int32_t e = 0; e < E; ++e) max_m = std::max(max_m, moe_offsets_[e + 1] - moe_offsets_[e]);
+    const size_t slot_bytes = (static_cast<size_t>(n) * sizeof(int64_t) + 255) / 256 * 256;
+    const size_t x_floats = static_cast<size_t>(max_m * std::max(H, I));
+    const size_t need = slot_bytes + (2 * x_floats + static_cast<size_t>(max_m * 2 * I)) * sizeof(float);
+    if (need > moe_bytes_) {
+      if (moe_buf_) free(moe_buf_);
+      moe_bytes_ = std::max(need, 2 * moe_bytes_);
+      moe_buf_ = alloc(moe_bytes_);
+    }
+    int64_t* slots = static_cast<int64_t*>(moe_buf_);
+    float* xg = reinterpret_cast<float*>(static_cast<char*>(moe_buf_) + slot_bytes);
+    float* yg = xg + x_floats;
+    float* gu = yg + x_floats;
+    upload(slots, moe_slots_.data(), static_cast<size_t>(n) * sizeof(int64_t));
+    fill_zero(out, static_cast<size_t>(rows * H) * sizeof(float));
+    auto run = [&](const float* in, const MoeLinear& L, float* y, int64_t m, int64_t cols, int64_t k) {
+      if (L.dense) cuda::linear(in, L.dense, ex.dtype, nullptr, y, m, cols, k, stream_);
+      for (int32_t i = 0; i < L.num_parts; ++i)
+        cuda::linear_q(in, L.parts[i], nullptr, y + L.part_row0[i], m, cols, stream_);
+    };
+    for (int32_t e = 0; e < E; ++e) {
+      const int64_t m = moe_offsets_[e + 1] - moe_offsets_[e];
+      if (m == 0) continue;
+      const int64_t* sl = slots + moe_offsets_[e];
+      cuda::moe_gather(x, sl, m, top_k, H, xg, stream_);
+      run(xg, ex.experts[e].gate_up, gu, m, 2 * I, H);
+      cuda::silu_mul(gu, xg, m, I, stream_);
+      run(xg, ex.experts[e].down, yg, m, H, I);
+      cuda::moe_scatter_add(yg, sl, weights, m, top_k, H, out, stream_);
+    }
   }
 
   bool sample_greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
@@ -193,6 +266,12 @@ class CudaBackend final : public Backend {
   size_t workspace_bytes_ = 0;
   void* sample_buf_ = nullptr;  // greedy tokens + logprobs of one step
   size_t sample_bytes_ = 0;
+  // moe_experts: the grouped slots and the gathered rows on the device (grown, never shrunk), and
+  // the host copies of the chosen experts and of their grouping.
+  void* moe_buf_ = nullptr;
+  size_t moe_bytes_ = 0;
+  std::vector<int32_t> moe_ids_;
+  std::vector<int64_t> moe_offsets_, moe_slots_;
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// cuda: rotary embedding, KV scatter, SiLU-and-mul, embedding gather and add.
+// cuda: rotary embedding, KV scatter, SiLU / GeGLU and mul, embedding gather, add, scale, soft-capping.
 #include <algorithm>
 #include <type_traits>
 
@@ -10,11 +10,11 @@ namespace {
 
 // One block per token; threads walk (head, i) pairs over q heads then k heads.
 __global__ void rope_kernel(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
-                            int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                            int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
                             const float* cos_sin) {
   const int64_t t = blockIdx.x;
-  const int half = head_dim / 2;
-  const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
+  const int half = rotary_dim / 2;
+  const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * rotary_dim;
   const int total = (num_q_heads + num_kv_heads) * half;
   for (int j = threadIdx.x; j < total; j += blockDim.x) {
     const int h = j / half, i = j % half;
@@ -53,6 +53,30 @@ __global__ void silu_mul_kernel(const float* gate_up, float* out, int64_t rows, 
   }
 }
 
+// gelu_pytorch_tanh(g) * u as the CPU kernels write it: g / (1 + exp(-2a)).
+__global__ void gelu_tanh_mul_kernel(const float* gate_up, float* out, int64_t rows, int64_t inter) {
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, c = i % inter;
+    const float g = gate_up[r * 2 * inter + c], u = gate_up[r * 2 * inter + inter + c];
+    const float a = -2.f * 0.7978845608028654f * fmaf(0.044715f, g * g * g, g);
+    out[i] = g / (1.f + expf(a)) * u;
+  }
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
+__global__ void softcap_kernel(float* x, float cap, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
 template <typename T>
 __global__ void embedding_kernel(const int32_t* ids, const T* table, int64_t dim, float* out) {
   const int64_t i = blockIdx.x;
@@ -73,11 +97,11 @@ unsigned grid_for(int64_t n, int threads) {
 }  // namespace
 
 void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
-          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
           const float* cos_sin, cudaStream_t stream) {
   if (num_tokens == 0) return;
   rope_kernel<<<static_cast<unsigned>(num_tokens), 128, 0, stream>>>(
-      q, q_stride, k, k_stride, positions, num_q_heads, num_kv_heads, head_dim, cos_sin);
+      q, q_stride, k, k_stride, positions, num_q_heads, num_kv_heads, head_dim, rotary_dim, cos_sin);
   FANTAI_CUDA_LAUNCHED();
 }
 
@@ -96,6 +120,24 @@ void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slo
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cudaStream_t stream) {
   if (rows * inter == 0) return;
   silu_mul_kernel<<<grid_for(rows * inter, 256), 256, 0, stream>>>(gate_up, out, rows, inter);
+  FANTAI_CUDA_LAUNCHED();
+}
+
+void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cudaStream_t stream) {
+  if (rows * inter == 0) return;
+  gelu_tanh_mul_kernel<<<grid_for(rows * inter, 256), 256, 0, stream>>>(gate_up, out, rows, inter);
+  FANTAI_CUDA_LAUNCHED();
+}
+
+void scale(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, s, n);
+  FANTAI_CUDA_LAUNCHED();
+}
+
+void softcap(float* x, float cap, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  softcap_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, cap, n);
   FANTAI_CUDA_LAUNCHED();
 }
 

@@ -1,5 +1,5 @@
 // cuda: host-side launchers of the CUDA kernels, one group per file (norm.cu, elementwise.cu,
-// gemm.cu, attention.cu, sampling.cu). All pointers are device pointers; every launcher only
+// gemm.cu, attention.cu, sampling.cu, quant.cu, moe.cu). All pointers are device pointers; every launcher only
 // enqueues on `stream`. The backend (cuda_backend.cu) and the tests call these.
 #pragma once
 
@@ -16,14 +16,19 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
               cudaStream_t stream);
 void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                   float eps, cudaStream_t stream);
+void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                    const float* weight, float eps, cudaStream_t stream);
 
 // elementwise.cu
 void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
-          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
           const float* cos_sin, cudaStream_t stream);
 void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping, int64_t num_tokens,
               void* k_cache, void* v_cache, const KVLayout& layout, cudaStream_t stream);
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cudaStream_t stream);
+void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter, cudaStream_t stream);
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
+void softcap(float* x, float cap, int64_t n, cudaStream_t stream);
 void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out,
                cudaStream_t stream);
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);
@@ -70,5 +75,16 @@ QuantMatrix pack_quant(const QuantMatrix& canonical, void* dst, cudaStream_t str
 void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m, int64_t ldy,
               cudaStream_t stream);
 void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out, cudaStream_t stream);
+
+// moe.cu: mixture of experts (Backend::moe_route and the two ends of Backend::moe_experts).
+// moe_route: the CPU backend's arithmetic, one block per row. moe_gather: xg[i] = x[slots[i] /
+// top_k]. moe_scatter_add: out[slots[i] / top_k] += weights[slots[i]] * yg[i], for the m rows of
+// one expert (distinct output rows).
+void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k, bool renormalize,
+               int32_t* ids, float* weights, cudaStream_t stream);
+void moe_gather(const float* x, const int64_t* slots, int64_t m, int32_t top_k, int64_t hidden, float* xg,
+                cudaStream_t stream);
+void moe_scatter_add(const float* yg, const int64_t* slots, const float* weights, int64_t m, int32_t top_k,
+                     int64_t hidden, float* out, cudaStream_t stream);
 
 }  // namespace fantai::cuda

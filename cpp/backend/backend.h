@@ -12,8 +12,17 @@
 
 namespace fantai {
 
-// Collective ops for tensor parallelism. The single-process implementation is a no-op; MPI (CPU)
-// and NCCL (GPU) implementations plug in here later without touching the model.
+// Collective ops for tensor parallelism. The single-process implementation is a no-op that costs a
+// virtual call; the MPI one (backend/mpi_communicator) plugs in under the same calls, so the model
+// never knows how many ranks there are beyond the shapes it was sharded to.
+// What a communicator spent: calls and payload bytes of the all-reduces, and wall seconds spent
+// inside any collective (waiting included). Zero in one process.
+struct CommStats {
+  int64_t all_reduce_calls = 0;
+  int64_t all_reduce_bytes = 0;
+  double seconds = 0.0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -21,6 +30,10 @@ class Communicator {
   virtual int world_size() const { return 1; }
   virtual void all_reduce_sum(float* /*data*/, int64_t /*n*/) {}
   virtual void all_gather(const float* in, float* out, int64_t n);  // out = in when world_size==1
+  // `bytes` from `root` to every rank. idle: a wait that may be long in coming (a rank > 0 waiting
+  // for the next step: no deadline; rank 0 waiting for ranks still loading: a start-up deadline).
+  virtual void broadcast(void* /*data*/, int64_t /*bytes*/, int /*root*/, bool /*idle*/ = false) {}
+  virtual CommStats stats() const { return {}; }
 };
 
 // Coarse ops over raw pointers. All activations are f32, row-major. Implementations must be
@@ -72,14 +85,21 @@ class Backend {
   virtual void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
                             int64_t dim, float eps) = 0;
 
+  // Per-head RMSNorm in place (Qwen3's and Gemma 3's q_norm / k_norm): x [num_tokens, stride]
+  // holds num_heads heads of head_dim from its first float; each is normalised and scaled by
+  // weight [head_dim].
+  virtual void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads,
+                              int32_t head_dim, const float* weight, float eps) = 0;
+
   // Rotary embedding, rotate-half (GPT-NeoX / HF Llama) convention, in place on
   // q [num_tokens, q_stride] holding num_q_heads heads of head_dim and
   // k [num_tokens, k_stride] holding num_kv_heads heads (strides in floats, so q and k may be
-  // column slices of one fused qkv buffer). cos_sin: [max_positions, head_dim] with cos of the
-  // head_dim/2 frequencies in the first half of a row and sin in the second half.
+  // column slices of one fused qkv buffer). The first rotary_dim floats of each head rotate (all
+  // of it unless partial_rotary_factor < 1); the rest pass. cos_sin: [max_positions, rotary_dim]
+  // with cos of the rotary_dim/2 frequencies in the first half of a row and sin in the second.
   virtual void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
                     int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                    const float* cos_sin) = 0;
+                    int32_t rotary_dim, const float* cos_sin) = 0;
 
   // Scatters new keys/values into their slots. k, v: [num_tokens, stride] with num_kv_heads *
   // head_dim used floats per row. slot_mapping: [num_tokens]; slot < 0 means skip the token.
@@ -109,6 +129,8 @@ class Backend {
 
   // out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:2*inter]
   virtual void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
+  // out[r, :] = gelu_pytorch_tanh(gate_up[r, :inter]) * gate_up[r, inter:2*inter] (GeGLU)
+  virtual void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) = 0;
 
   // out[i, :] = table[ids[i], :] converted to f32. table: [vocab, dim] in dtype.
   virtual void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
@@ -116,6 +138,10 @@ class Backend {
 
   // x[i] += y[i]
   virtual void add(float* x, const float* y, int64_t n) = 0;
+  // x[i] *= s (Gemma's scaled embeddings)
+  virtual void scale(float* x, float s, int64_t n) = 0;
+  // x[i] = cap * tanh(x[i] / cap) (Gemma 2's final logit soft-capping)
+  virtual void softcap(float* x, float cap, int64_t n) = 0;
 
   // Quantized weights. pack_quant copies a canonical QuantMatrix into `dst` (quant_packed_bytes
   // of this backend's memory, from alloc) in the backend's own layout and returns the view that
@@ -145,6 +171,23 @@ class Backend {
   virtual bool mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out,
                           int64_t m, int64_t inter, int64_t hidden);
 
+  // Mixture-of-experts routing, per row of the router's logits [rows, num_experts]: the softmax
+  // over all experts in f32, its top_k largest (ties to the lower expert id), largest first, into
+  // ids [rows, top_k] and their probabilities into weights [rows, top_k], divided by the sum of
+  // those top_k when renormalize (Mixtral always; Qwen3-MoE when norm_topk_prob). A row's result
+  // depends on that row alone. Default: throws.
+  virtual void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k,
+                         bool renormalize, int32_t* ids, float* weights);
+  // The experts' SwiGLU MLPs, out [rows, hidden] = for each row r, over its top_k experts e = ids[r, j]
+  // in ascending expert id, the sum of weights[r, j] * down_e . (silu(gate_e . x[r]) * (up_e . x[r]))
+  // (transformers' order: a zero row, then each expert's weighted output added). The rows routed
+  // to one expert run as one batch through the backend's own linears, so each expert's matrices
+  // are read once per call, not once per row; the linears are batch invariant, so a row's result
+  // never depends on which experts the other rows chose. ids, weights: from moe_route (backend
+  // memory). Default: throws.
+  virtual void moe_experts(const float* x, const int32_t* ids, const float* weights, int64_t rows,
+                           int32_t top_k, const MoeExperts& experts, float* out);
+
   // Precision of the activations that meet bf16 matrices in a matrix unit: the inputs of
   // linears on bf16 weights, and attention's queries and softmax weights over a bf16 KV cache.
   // kF32 (the default) keeps them f32-grade. kBF16 lets the backend round them to bf16 where that
@@ -166,6 +209,9 @@ class Backend {
 // num_threads <= 0 means the cores this process may run on.
 std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads = 0);
 std::vector<std::string> available_backends();
+// The communicator every backend made from here on gets (tensor parallelism: one per process).
+void set_process_communicator(std::shared_ptr<Communicator> comm);
+std::shared_ptr<Communicator> process_communicator();
 
 // The host CPU, whatever backend runs the model: the sampler's row reductions (cpu/row_reduce.h)
 // from the CPU kernel table of the active ISA level, that level's name ("avx512", "avx2",

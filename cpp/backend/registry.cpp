@@ -40,6 +40,14 @@ void Backend::embedding_q(const int32_t*, int64_t, const QuantMatrix&, float*) {
   FANTAI_THROW("quantized embedding is not supported on the " << name() << " backend");
 }
 
+void Backend::moe_route(const float*, int64_t, int32_t, int32_t, bool, int32_t*, float*) {
+  FANTAI_THROW("mixture-of-experts routing is not supported on the " << name() << " backend");
+}
+void Backend::moe_experts(const float*, const int32_t*, const float*, int64_t, int32_t, const MoeExperts&,
+                          float*) {
+  FANTAI_THROW("mixture-of-experts layers are not supported on the " << name() << " backend");
+}
+
 bool Backend::set_matmul_precision(DType precision) {
   FANTAI_REQUIRE(precision == DType::kF32 || precision == DType::kBF16,
                  "matmul precision must be float32 or bfloat16, got " << dtype_name(precision));
@@ -59,8 +67,25 @@ const char* host_cpu_isa() { return cpu::selected_isa(); }
 std::vector<std::string> host_cpu_isa_levels() { return cpu::runnable_isas(); }
 int host_default_threads() { return cpu::default_threads(); }
 
+namespace {
+std::shared_ptr<Communicator>& process_comm() {
+  static std::shared_ptr<Communicator> comm = std::make_shared<Communicator>();
+  return comm;
+}
+
+std::shared_ptr<Backend> with_communicator(std::shared_ptr<Backend> be) {
+  be->set_communicator(process_comm());
+  return be;
+}
+}  // namespace
+
+void set_process_communicator(std::shared_ptr<Communicator> comm) {
+  process_comm() = comm ? std::move(comm) : std::make_shared<Communicator>();
+}
+std::shared_ptr<Communicator> process_communicator() { return process_comm(); }
+
 std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads) {
-  if (name == "cpu" || name.empty()) return cpu::create_cpu_backend(num_threads);
+  if (name == "cpu" || name.empty()) return with_communicator(cpu::create_cpu_backend(num_threads));
   if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
 #ifdef FANTAI_WITH_CUDA
     int device = 0;
@@ -70,7 +95,7 @@ std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads
                      "bad CUDA device '" << name << "' (use cuda or cuda:N)");
       device = std::stoi(idx);
     }
-    return cuda::create_cuda_backend(device);
+    return with_communicator(cuda::create_cuda_backend(device));
 #else
     FANTAI_THROW(
         "backend '" << name

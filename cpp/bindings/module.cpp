@@ -5,10 +5,12 @@
 #include <pybind11/stl.h>
 
 #include "backend/backend.h"
+#include "backend/mpi_communicator.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "engine/engine.h"
 #include "engine/engine_loop.h"
+#include "engine/tp_worker.h"
 #include "model/model.h"
 #include "model/quant_formats.h"
 
@@ -23,6 +25,38 @@ using model::ModelConfig;
 using sampling::SamplingParams;
 
 namespace {
+
+// The grammar engine lives in Python (fantai.structured). The hook's worker thread takes the GIL
+// only while some row of the step is constrained; the step thread itself never does.
+class PyMaskProvider : public engine::TokenMaskProvider {
+ public:
+  explicit PyMaskProvider(py::object fill) : fill_(std::move(fill)) {}
+  ~PyMaskProvider() override {
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+      py::gil_scoped_acquire gil;
+      fill_ = py::object();
+    } else {
+      fill_.release();  // the interpreter is gone: nothing left to decrement
+    }
+  }
+  void fill(const std::vector<engine::MaskRow>& rows, uint32_t* masks, int32_t words) override {
+    py::gil_scoped_acquire gil;
+    py::list ids, fed, tokens;
+    for (const engine::MaskRow& r : rows) {
+      ids.append(r.request_id);
+      fed.append(r.num_fed);
+      tokens.append(py::cast(r.new_tokens));
+    }
+    try {
+      fill_(ids, fed, tokens, reinterpret_cast<uintptr_t>(masks), words);
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(std::string("token mask provider failed: ") + e.what());
+    }
+  }
+
+ private:
+  py::object fill_;
+};
 
 py::dict stats_dict(const engine::EngineStats& s) {
   py::dict d;
@@ -70,6 +104,7 @@ py::dict stats_dict(const engine::EngineStats& s) {
   d["time_sample_s"] = s.time_sample_s;
   d["time_postprocess_s"] = s.time_postprocess_s;
   d["time_step_s"] = s.time_step_s;
+  d["time_mask_wait_s"] = s.time_mask_wait_s;
   return d;
 }
 
@@ -327,7 +362,8 @@ void bind_config(py::module_& m) {
       .def_readwrite("ignore_eos", &SamplingParams::ignore_eos)
       .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids)
       .def_readwrite("logprobs", &SamplingParams::logprobs)
-      .def_readwrite("logit_bias", &SamplingParams::logit_bias);
+      .def_readwrite("logit_bias", &SamplingParams::logit_bias)
+      .def_readwrite("constrained", &SamplingParams::constrained);
 
   py::class_<EngineConfig>(m, "EngineConfig")
       .def(py::init<>())
@@ -430,6 +466,12 @@ void bind_engine(py::module_& m) {
       .def("add_request", &Engine::add_request, py::arg("id"), py::arg("prompt"), py::arg("params"),
            py::arg("siblings") = std::vector<std::pair<uint64_t, SamplingParams>>{})
       .def("abort_request", &Engine::abort_request)
+      .def(
+          "set_mask_provider",
+          [](Engine& e, py::object fill) {
+            e.set_mask_provider(std::make_shared<PyMaskProvider>(std::move(fill)));
+          },
+          py::arg("fill"))
       .def("reset_prefix_cache", &Engine::reset_prefix_cache)
       .def("release_memory", &Engine::release_memory, py::call_guard<py::gil_scoped_release>())
       .def("abort_all", &Engine::abort_all)
@@ -479,6 +521,37 @@ PYBIND11_MODULE(_C, m) {
   bind_model(m);
   bind_quant(m);
   bind_engine(m);
+  // Tensor parallelism: the process's communicator is set before any backend is made.
+  m.def("mpi_unavailable_reason", &mpi_unavailable_reason);
+  m.def("tp_world_rank", &mpi_world_rank);
+  m.def(
+      "tp_connect",
+      [](int world_size, const std::vector<std::string>& worker_argv, double timeout_s) {
+        auto comm = mpi_connect(world_size, worker_argv, timeout_s);
+        set_process_communicator(comm);
+        return comm->rank();
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "tp_join",
+      [](double timeout_s) {
+        auto comm = mpi_join(timeout_s);
+        set_process_communicator(comm);
+        return comm->rank();
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("tp_reset", [] { set_process_communicator(nullptr); });
+  m.def("tp_worker_loop", &engine::run_tp_worker, py::call_guard<py::gil_scoped_release>());
+  m.def("tp_stats", [] {
+    const CommStats s = process_communicator()->stats();
+    py::dict d;
+    d["rank"] = process_communicator()->rank();
+    d["world_size"] = process_communicator()->world_size();
+    d["all_reduce_calls"] = s.all_reduce_calls;
+    d["all_reduce_bytes"] = s.all_reduce_bytes;
+    d["seconds"] = s.seconds;
+    return d;
+  });
   m.def("cpu_isa", &host_cpu_isa);
   m.def("cpu_isa_levels", &host_cpu_isa_levels);
   m.def("default_threads", &host_default_threads);

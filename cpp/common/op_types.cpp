@@ -1,6 +1,8 @@
-// common: check_quant_matrix, the one validation of a canonical quantized matrix.
+// common: check_quant_matrix, the one validation of a canonical quantized matrix, and the grouping
+// of a mixture-of-experts step's rows by expert.
 #include "common/op_types.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/check.h"
@@ -40,6 +42,25 @@ void check_quant_matrix(const QuantMatrix& m) {
       seen[p] = 1;
     }
   }
+}
+
+void moe_group_slots(const int32_t* ids, int64_t rows, int32_t top_k, int32_t num_experts, int64_t* offsets,
+                     int64_t* slots) {
+  std::fill(offsets, offsets + num_experts + 1, int64_t{0});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int32_t j = 0; j < top_k; ++j) {
+      const int32_t e = ids[r * top_k + j];
+      FANTAI_REQUIRE(e >= 0 && e < num_experts, "moe_experts: expert id " << e << " of row " << r
+                                                                          << " is outside [0, " << num_experts
+                                                                          << ")");
+      for (int32_t i = 0; i < j; ++i)
+        FANTAI_REQUIRE(ids[r * top_k + i] != e,
+                       "moe_experts: row " << r << " names expert " << e << " twice");
+      ++offsets[e + 1];
+    }
+  for (int32_t e = 0; e < num_experts; ++e) offsets[e + 1] += offsets[e];
+  std::vector<int64_t> fill(offsets, offsets + num_experts);
+  for (int64_t s = 0; s < rows * top_k; ++s) slots[fill[ids[s]]++] = s;  // s ascending: rows ascending
 }
 
 }  // namespace fantai

@@ -1,6 +1,6 @@
 // common: the plain data the model, the backends and the kernels hand each other across the seam
 // (no behaviour beyond sizes): the paged KV layout, a step's attention metadata, a quantized
-// matrix, and the sampler's row-reduction result.
+// matrix, a mixture-of-experts layer's expert matrices, and the sampler's row-reduction result.
 #pragma once
 
 #include <cstddef>
@@ -99,6 +99,42 @@ struct QuantMatrix {
   const int32_t* perm = nullptr;  // [cols] or nullptr
   int64_t ngroups() const { return group > 0 ? (cols + group - 1) / group : 0; }
 };
+
+// One linear of one expert for Backend::moe_experts: rows that came dense (`dense`, in
+// MoeExperts::dtype, row-major or in the backend's packed layout when MoeExperts::packed; nullptr
+// when none did) and up to two quantized row parts (packed by the backend's pack_quant), part i
+// writing output columns [part_row0[i], part_row0[i] + parts[i].rows). Two, because a GGUF may
+// store an expert's gate and up in different formats.
+struct MoeLinear {
+  const void* dense = nullptr;
+  int32_t num_parts = 0;
+  QuantMatrix parts[2];
+  int64_t part_row0[2] = {0, 0};
+};
+
+// One expert's MLP: gate_up [2 * inter, hidden] with the gate rows first, down [hidden, inter].
+struct MoeExpert {
+  MoeLinear gate_up;
+  MoeLinear down;
+};
+
+// The experts of one mixture-of-experts layer; `experts` is host memory (descriptors only: the
+// matrices live in the backend's memory).
+struct MoeExperts {
+  int32_t num_experts = 0;
+  int64_t hidden = 0;
+  int64_t inter = 0;
+  DType dtype = DType::kF32;  // of the dense matrices
+  bool packed = false;        // the dense matrices are in the backend's packed layout
+  const MoeExpert* experts = nullptr;
+};
+
+// The grouping every backend's moe_experts starts from (host memory): checks that each of the
+// rows * top_k ids is in [0, num_experts) and that no row names an expert twice (InvalidArgument
+// otherwise), then sorts the slots s = row * top_k + j by expert, stably: expert e's slots are
+// slots[offsets[e] .. offsets[e + 1]), rows ascending. offsets: num_experts + 1 entries.
+void moe_group_slots(const int32_t* ids, int64_t rows, int32_t top_k, int32_t num_experts, int64_t* offsets,
+                     int64_t* slots);
 
 // Throws InvalidArgument unless `m` is a well-formed canonical matrix: bits 4 or 8, q < 2^bits,
 // group > 0 and a multiple of 16 or >= cols (no vector step straddles groups), scale present,

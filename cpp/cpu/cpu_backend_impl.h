@@ -1,6 +1,7 @@
 // cpu: the CPU Backend class, shared by its rooms: construction and memory (cpu_backend.cpp),
 // linears dense, packed and quantized (cpu_backend_linear.cpp), the KV store and paged attention
-// (cpu_backend_attention.cpp), norms, RoPE, SiLU-mul, embedding and add (cpu_backend_misc.cpp).
+// (cpu_backend_attention.cpp), norms, RoPE, SiLU-mul, embedding and add (cpu_backend_misc.cpp),
+// mixture-of-experts routing and experts (cpu_backend_moe.cpp).
 // Each op checks its arguments, splits the work over the thread pool and calls the kernel table
 // of the chosen ISA; splitting never changes a row's arithmetic (see kernels.h). Private to cpu/.
 #pragma once
@@ -68,9 +69,11 @@ class CpuBackend final : public Backend {
   void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows,
                     int64_t dim, float eps) override;
 
+  void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                      const float* weight, float eps) override;
   void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
             int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-            const float* cos_sin) override;
+            int32_t rotary_dim, const float* cos_sin) override;
 
   void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping,
                 int64_t num_tokens, void* k_cache, void* v_cache, const KVLayout& L) override;
@@ -82,11 +85,19 @@ class CpuBackend final : public Backend {
                  float* out) override;
 
   void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override;
+  void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) override;
+  void scale(float* x, float s, int64_t n) override;
+  void softcap(float* x, float cap, int64_t n) override;
 
   void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim,
                  float* out) override;
 
   void add(float* x, const float* y, int64_t n) override;
+
+  void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k, bool renormalize,
+                 int32_t* ids, float* weights) override;
+  void moe_experts(const float* x, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                   const MoeExperts& experts, float* out) override;
 
  private:
   // A step's attention work, planned once and run per layer (cpu_backend_attention.cpp).
@@ -170,6 +181,23 @@ class CpuBackend final : public Backend {
   std::vector<int8_t> xq_q_;                       // linear_panel's int8 activations; likewise
   std::vector<float> xq_d_;
   std::vector<int32_t> xq_s_;
+  // Mixture of experts (cpu_backend_moe.cpp): grow-only scratch; the step thread is the only caller.
+  void moe_linear(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y, int64_t m, int64_t n,
+                  int64_t k);
+  // Experts side by side, one pool task each, when no expert has more rows than this.
+  static constexpr int64_t kMoeSideBySideRows = 4;
+  struct MoeTaskScratch {  // one pool thread's int8 activations
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s;
+  };
+  void moe_linear_one_thread(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y, int64_t m,
+                             int64_t n, int64_t k, MoeTaskScratch* xq);
+  bool moe_experts_fit_one_thread(const MoeExperts& ex, const int64_t* offsets) const;
+  std::vector<float> moe_probs_, moe_x_, moe_y_, moe_gu_, moe_side_;
+  std::vector<int64_t> moe_offsets_, moe_slots_;
+  std::vector<int32_t> moe_active_;
+  std::vector<MoeTaskScratch> moe_task_scratch_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
 };

@@ -58,10 +58,13 @@ struct KernelTable {
   // One row each. out may alias x.
   void (*rms_norm)(const float* x, const float* w, float* out, int64_t dim, float eps);
   void (*add_rms_norm)(float* residual, const float* x, const float* w, float* out, int64_t dim, float eps);
-  // One token: x holds num_heads heads of head_dim at x + h * head_dim; cs: [head_dim] cos|sin.
-  void (*rope)(float* x, int32_t num_heads, int32_t head_dim, const float* cs);
+  // One token: x holds num_heads heads of head_dim at x + h * head_dim, the first rotary_dim of
+  // each rotated; cs: [rotary_dim] cos|sin.
+  void (*rope)(float* x, int32_t num_heads, int32_t head_dim, int32_t rotary_dim, const float* cs);
   // out[i] = silu(gate[i]) * up[i], i < n.
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n);
+  // out[i] = gelu_pytorch_tanh(gate[i]) * up[i], i < n.
+  void (*gelu_tanh_mul)(const float* gate, const float* up, float* out, int64_t n);
   void (*add)(float* x, const float* y, int64_t n);
   void (*to_f32)(const void* src, DType st, float* dst, int64_t n);
   // scratch: attn_scratch_floats(...) floats, 64-byte aligned.
@@ -90,16 +93,29 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
 void add_rms_norm(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                   float eps);
 void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
-          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
           const float* cos_sin);
+void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                    const float* weight, float eps);
 void store_kv(const float* k, const float* v, int64_t stride, const int64_t* slot_mapping, int64_t num_tokens,
               void* k_cache, void* v_cache, const KVLayout& layout);
 void attention(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                const KVLayout& layout, const AttentionParams& p, int32_t num_q_heads, float scale,
                float* out);
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
+void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
+void scale(float* x, float s, int64_t n);
+void softcap(float* x, float cap, int64_t n);
 void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out);
 void add(float* x, const float* y, int64_t n);
+// Mixture of experts (kernels_ref_moe.cpp): Backend::moe_route in double; Backend::moe_experts on
+// dense matrices gate_up [num_experts, 2 * inter, hidden] and down [num_experts, hidden, inter]
+// in dtype, each expert through ref::linear and ref::silu_mul, summed in double.
+void moe_route(const float* logits, int64_t rows, int32_t num_experts, int32_t top_k, bool renormalize,
+               int32_t* ids, float* weights);
+void moe_experts(const float* x, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                 const void* gate_up, const void* down, DType dtype, int32_t num_experts, int64_t hidden,
+                 int64_t inter, float* out);
 // The sampler's row reductions in one lane, std::exp, summed in order.
 MaxSumExp max_sum_exp(const float* l, int32_t n);
 int32_t argmax(const float* l, int32_t n);

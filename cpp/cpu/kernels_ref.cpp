@@ -67,9 +67,9 @@ void add_rms_norm(float* residual, const float* x, const float* weight, float* o
 }
 
 void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t* positions,
-          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+          int64_t num_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
           const float* cos_sin) {
-  const int half = head_dim / 2;
+  const int half = rotary_dim / 2;
   auto rot = [&](float* x, const float* cs) {
     for (int i = 0; i < half; ++i) {
       const double a = x[i], b = x[i + half], c = cs[i], s = cs[half + i];
@@ -78,7 +78,7 @@ void rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const int32_t*
     }
   };
   for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
+    const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * rotary_dim;
     for (int h = 0; h < num_q_heads; ++h) rot(q + t * q_stride + h * head_dim, cs);
     for (int h = 0; h < num_kv_heads; ++h) rot(k + t * k_stride + h * head_dim, cs);
   }
@@ -157,6 +157,29 @@ void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
       const double g = gate_up[r * 2 * inter + i], u = gate_up[r * 2 * inter + inter + i];
       out[r * inter + i] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
     }
+}
+
+void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = gate_up[r * 2 * inter + i], u = gate_up[r * 2 * inter + inter + i];
+      const double a = std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g);
+      out[r * inter + i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(a)) * u);
+    }
+}
+
+void rms_norm_heads(float* x, int64_t stride, int64_t num_tokens, int32_t num_heads, int32_t head_dim,
+                    const float* weight, float eps) {
+  for (int64_t t = 0; t < num_tokens; ++t)
+    rms_norm(x + t * stride, weight, x + t * stride, num_heads, head_dim, eps);
+}
+
+void scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void softcap(float* x, float cap, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(cap * std::tanh(static_cast<double>(x[i]) / cap));
 }
 
 void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out) {

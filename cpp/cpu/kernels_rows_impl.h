@@ -48,8 +48,8 @@ void add_rms_norm(float* res, const float* x, const float* w, float* out, int64_
   scale_store(res, w, out, dim, inv);
 }
 
-void rope(float* x, int32_t num_heads, int32_t head_dim, const float* cs) {
-  const int half = head_dim / 2, hv = half - half % W;
+void rope(float* x, int32_t num_heads, int32_t head_dim, int32_t rotary_dim, const float* cs) {
+  const int half = rotary_dim / 2, hv = half - half % W;
   for (int h = 0; h < num_heads; ++h) {
     float* a = x + static_cast<int64_t>(h) * head_dim;
     float* b = a + half;
@@ -80,6 +80,24 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   if (nv < n) {
     const int t = static_cast<int>(n - nv);
     VT::store_n(out + nv, silu_v(VT::load_n(gate + nv, t), VT::load_n(up + nv, t)), t);
+  }
+}
+
+// gelu_pytorch_tanh(g) * u, with 0.5 g (1 + tanh(a)) written as g / (1 + exp(-2a)) (the same
+// function; no cancellation where tanh(a) is near -1), a = sqrt(2 / pi) (g + 0.044715 g^3).
+FT_INLINE V gelu_tanh_v(V g, V u) {
+  const V one = VT::set1(1.0f);
+  const V g3 = VT::mul(VT::mul(g, g), g);
+  const V a = VT::mul(VT::set1(-2.0f * 0.7978845608028654f), VT::fma(VT::set1(0.044715f), g3, g));
+  return VT::mul(VT::div(g, VT::add(one, VT::exp(a))), u);
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  const int64_t nv = n - n % W;
+  for (int64_t i = 0; i < nv; i += W) VT::store(out + i, gelu_tanh_v(VT::load(gate + i), VT::load(up + i)));
+  if (nv < n) {
+    const int t = static_cast<int>(n - nv);
+    VT::store_n(out + nv, gelu_tanh_v(VT::load_n(gate + nv, t), VT::load_n(up + nv, t)), t);
   }
 }
 

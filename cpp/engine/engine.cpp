@@ -1,6 +1,7 @@
 // engine: the step: schedule → run → sample → postprocess (finish and free in the same step).
 // Over 400 lines: add / abort / step and the postprocess they share (finish reasons, stop ids,
-// n > 1 siblings) read best together, beside the KV pools' sizing per attention kind.
+// n > 1 siblings, the grammar masks of constrained rows) read best together, beside the KV pools'
+// sizing per attention kind.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "engine/tp_worker.h"
 #include "sampling/sampler.h"
 
 namespace fantai::engine {
@@ -17,6 +19,20 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// True when a mask allows some token outside `banned`. Rare slow path: min_tokens on a grammar
+// close to its end, where the mask may allow only EOS.
+bool allows_unbanned(const uint32_t* allowed, int32_t words, const std::vector<int32_t>& banned) {
+  for (int32_t w = 0; w < words; ++w) {
+    uint32_t bits = allowed[w];
+    if (bits == 0) continue;
+    for (int32_t t : banned) {
+      if (t / 32 == w) bits &= ~(1u << (t % 32));
+    }
+    if (bits != 0) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -111,6 +127,7 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
       SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},
       blocks_.get());
   runner_ = std::make_unique<ModelRunner>(model_, cache_.get());
+  if (model_->tp_shard().active()) tp_handshake_leader(*model_, num_blocks, config_.block_size, kv_dtype);
   for (int k = 0; k < kinds; ++k) {
     FANTAI_LOG(kInfo,
                "KV pool" << (kinds > 1 ? " of " + kv_kind_name(windows[k]) : std::string()) << ": "
@@ -122,6 +139,15 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
   FANTAI_LOG(kInfo, "KV cache: " << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
 }
 
+Engine::~Engine() {
+  if (!model_->tp_shard().active()) return;
+  try {
+    tp_send_stop(*model_);
+  } catch (const std::exception& e) {  // the group already failed and said why
+    FANTAI_LOG(kWarning, "tensor-parallel ranks not stopped: " << e.what());
+  }
+}
+
 void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling::SamplingParams& p) const {
   const int32_t vocab = model_->config().vocab_size;
   FANTAI_REQUIRE(!prompt.empty(), "the prompt is empty");
@@ -130,6 +156,8 @@ void Engine::validate_request(const std::vector<int32_t>& prompt, const sampling
                    "prompt token id " << t << " is outside the vocabulary [0, " << vocab << ")");
   }
   p.validate(vocab);
+  FANTAI_REQUIRE(!p.constrained || grammar_ != nullptr,
+                 "a constrained request needs the engine's mask provider (none is set)");
   const int64_t n = static_cast<int64_t>(prompt.size());
   FANTAI_REQUIRE(n + 1 <= config_.max_model_len,
                  "the prompt has " << n << " tokens; this model's context (max_model_len) is "
@@ -312,6 +340,7 @@ std::vector<StepOutput> Engine::step() {
   for (const ScheduledSeq& s : batch.seqs) {
     if (s.request->first_scheduled_time < 0) s.request->first_scheduled_time = t;
   }
+  masking_ = grammar_ != nullptr && begin_masks(batch);  // overlaps the forward below
   std::vector<int32_t> greedy_tokens;
   std::vector<float> greedy_logprobs;
   const bool sampled_on_backend = model_->samples_greedy_on_backend() && plain_greedy_step(batch) &&
@@ -347,8 +376,36 @@ std::vector<StepOutput> Engine::step() {
   return outs;
 }
 
+void Engine::set_mask_provider(std::shared_ptr<TokenMaskProvider> provider) {
+  FANTAI_REQUIRE(grammar_ == nullptr, "the engine's mask provider is already set");
+  grammar_ = std::make_unique<GrammarHook>(std::move(provider), model_->config().vocab_size);
+}
+
+bool Engine::begin_masks(const ScheduledBatch& batch) {
+  std::vector<MaskRow> rows;
+  mask_row_.clear();
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (!s.sample) continue;
+    Request* r = s.request;
+    if (!r->params.constrained) {
+      mask_row_.push_back(-1);
+      continue;
+    }
+    mask_row_.push_back(static_cast<int32_t>(rows.size()));
+    MaskRow row;
+    row.request_id = r->id;
+    row.num_fed = r->grammar_fed;
+    row.new_tokens.assign(r->output.begin() + r->grammar_fed, r->output.end());
+    r->grammar_fed = static_cast<int32_t>(r->output.size());
+    rows.push_back(std::move(row));
+  }
+  if (rows.empty()) return false;
+  grammar_->begin(std::move(rows));
+  return true;
+}
+
 bool Engine::plain_greedy_step(const ScheduledBatch& batch) const {
-  if (!pending_siblings_.empty()) return false;
+  if (!pending_siblings_.empty() || masking_) return false;
   for (const ScheduledSeq& s : batch.seqs) {
     if (!s.sample) continue;
     const Request& r = *s.request;
@@ -373,18 +430,26 @@ void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vect
   // Siblings fork at their parent's first sample and draw from the same logits row.
   std::vector<float> expanded;
   const float* rows_data = logits.data();
+  const size_t num_parents = sampled.size();
+  std::vector<size_t> fork_parent;  // for each forked child (after the parents): its parent's row
   if (!pending_siblings_.empty()) {
     expanded.assign(logits.begin(), logits.end());
-    const size_t num_parents = sampled.size();
     for (size_t i = 0; i < num_parents; ++i) {
       std::vector<Request*> children;
       if (sampled[i]->output.empty()) fork_siblings(sampled[i], &children);
       for (Request* c : children) {
         sampled.push_back(c);
+        fork_parent.push_back(i);
         expanded.insert(expanded.end(), logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
       }
     }
     rows_data = expanded.data();
+  }
+  const uint32_t* masks = nullptr;
+  if (masking_) {
+    const double w0 = now_seconds();
+    masks = grammar_->wait();
+    counters_.time_mask_wait_s += now_seconds() - w0;
   }
   std::vector<sampling::SampleRow> rows;
   std::vector<std::vector<int32_t>> banned(sampled.size());
@@ -394,8 +459,22 @@ void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vect
       if (!r->params.ignore_eos) banned[i] = config_.eos_token_ids;
       banned[i].insert(banned[i].end(), r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
     }
-    rows.push_back({&r->params, &r->prompt, &r->output, &r->rng, banned[i].empty() ? nullptr : &banned[i]});
+    sampling::SampleRow row{&r->params, &r->prompt, &r->output, &r->rng,
+                            banned[i].empty() ? nullptr : &banned[i]};
+    if (masks != nullptr) {
+      // A forked sibling has its parent's (empty) output, hence its parent's mask.
+      const size_t parent = i < num_parents ? i : fork_parent[i - num_parents];
+      const int32_t m = mask_row_[parent];
+      if (m >= 0) {
+        row.allowed = masks + static_cast<size_t>(m) * grammar_->words();
+        // min_tokens must not leave a grammar that can only end with nothing to sample.
+        if (row.banned != nullptr && !allows_unbanned(row.allowed, grammar_->words(), banned[i]))
+          row.banned = nullptr;
+      }
+    }
+    rows.push_back(row);
   }
+  masking_ = false;
   std::vector<sampling::SampleResult> results;
   const double t0 = now_seconds();
   sampling::sample(const_cast<float*>(rows_data), vocab, rows, &results);

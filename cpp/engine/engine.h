@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/block_manager.h"
+#include "engine/grammar_hook.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -82,6 +83,8 @@ struct EngineStats {
   double time_sample_s = 0.0;       // sampler over the rows that sample
   double time_postprocess_s = 0.0;  // outputs, stop checks, finishing and freeing requests
   double time_step_s = 0.0;         // whole step() calls that ran a batch
+  // Sampling waited this long for grammar masks past the forward (0 when they were ready first).
+  double time_mask_wait_s = 0.0;
 };
 
 // One live request as an observer (the dashboard) sees it: where its KV lives, how far it got.
@@ -111,6 +114,7 @@ struct EngineSnapshot {
 class Engine {
  public:
   Engine(std::shared_ptr<model::Model> model, EngineConfig config);
+  ~Engine();  // under tensor parallelism, lets the other ranks leave their loop
 
   // Throws InvalidArgument (the request is not added) for bad params or a prompt that can't fit.
   // `siblings` (n > 1): extra sequences that share this prompt's KV. They are forked from the
@@ -133,6 +137,9 @@ class Engine {
   EngineStats stats() const;
   // O(num_blocks + live tokens' blocks): call it at a bounded rate (EngineLoop does).
   EngineSnapshot snapshot() const;
+  // The grammar engine of constrained requests (SamplingParams::constrained). Set once, before the
+  // first such request; steps without a constrained row never touch it.
+  void set_mask_provider(std::shared_ptr<TokenMaskProvider> provider);
 
   const EngineConfig& config() const { return config_; }
   const model::ModelConfig& model_config() const { return model_->config(); }
@@ -150,6 +157,9 @@ class Engine {
   // pending siblings), so the backend may pick the tokens where the logits live.
   bool plain_greedy_step(const ScheduledBatch& batch) const;
   const std::vector<float> empty_logits_;
+  // Starts the masks of the step's constrained rows (false: none); mask_row_ maps each sampled
+  // seq, in batch order, to its mask (-1: unconstrained).
+  bool begin_masks(const ScheduledBatch& batch);
   void fork_siblings(Request* parent, std::vector<Request*>* children);
   void finish_pending_siblings(uint64_t parent, FinishReason reason, std::vector<StepOutput>* outs);
 
@@ -164,6 +174,9 @@ class Engine {
   std::mt19937_64 rng_;
   EngineStats counters_;
   double last_sample_s_ = 0.0;  // the sampler's share of the current step
+  std::unique_ptr<GrammarHook> grammar_;
+  std::vector<int32_t> mask_row_;
+  bool masking_ = false;  // this step's masks are being computed
 };
 
 // "full" or "sliding_window_<W>": an attention kind's name in stats and metrics.

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/check.h"
+#include "engine/tp_worker.h"
 
 namespace fantai::engine {
 
@@ -81,6 +82,7 @@ void ModelRunner::prepare(const ScheduledBatch& batch) {
 const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
+  if (model_->tp_shard().active()) tp_send_step(*model_, fb_, batch.block_copies);
   for (const BlockCopy& c : batch.block_copies) cache_->copy_block(c.kind, c.src, c.dst, model_->backend());
   last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   logits_.resize(static_cast<size_t>(fb_.num_logits) * model_->config().vocab_size);
@@ -93,6 +95,7 @@ bool ModelRunner::run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* 
   if (!model_->samples_greedy_on_backend()) return false;
   const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
+  if (model_->tp_shard().active()) tp_send_step(*model_, fb_, batch.block_copies);
   for (const BlockCopy& c : batch.block_copies) cache_->copy_block(c.kind, c.src, c.dst, model_->backend());
   last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tokens->assign(fb_.num_logits, -1);

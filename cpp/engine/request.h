@@ -30,6 +30,9 @@ struct Request {
   std::mt19937_64 rng;        // per-request, so seeded output is batch independent
   double arrival_time = 0.0;  // seconds, steady clock
   double first_scheduled_time = -1.0;
+  // Constrained rows: output tokens already handed to the mask provider. Preemption keeps the
+  // output, so the provider's matcher stays in step with it.
+  int32_t grammar_fed = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(prompt.size() + output.size()); }
   int32_t token_at(int32_t i) const {

@@ -1,4 +1,5 @@
-// model: a Llama-family decoder: config + weights + one batched forward over paged KV.
+// model: a Llama-family decoder (dense or mixture-of-experts): config + weights + one batched
+// forward over paged KV.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +44,11 @@ class Model {
 
   Weights& weights() { return weights_; }
   void finalize();  // after all tensors are set: checks, rope tables
+  // This rank's share under tensor parallelism (heads, KV heads, MLP columns); full_config() is the
+  // checkpoint's. The same object in one process.
   const ModelConfig& config() const { return config_; }
+  const ModelConfig& full_config() const { return shard_.active() ? shard_.full : config_; }
+  const TpShard& tp_shard() const { return shard_; }
   DType dtype() const { return dtype_; }
   Backend* backend() const { return backend_.get(); }
   std::shared_ptr<Backend> backend_ptr() const { return backend_; }
@@ -71,16 +76,22 @@ class Model {
               int64_t m, int64_t n, int64_t k, bool packed = false);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
+  void moe_block(int layer, int32_t num_tokens);  // a sparse layer's MLP (moe.cpp)
 
+  TpShard shard_;  // before config_: the constructor fills it while sharding the config
   ModelConfig config_;
   DType dtype_;
   std::shared_ptr<Backend> backend_;
   Weights weights_;
-  Buffer cos_sin_;  // [max_positions, head_dim]
+  Buffer cos_sin_;        // [max_positions, rotary_dim]
+  Buffer local_cos_sin_;  // Gemma 3's sliding layers' own table, or empty
   int32_t max_positions_ = 0;
   // Step workspace, grown on demand, reused across steps (no allocation in the steady state).
   int32_t capacity_ = 0;
   Buffer residual_, normed_, qkv_, attn_out_, proj_out_, gate_up_, act_, last_res_, last_x_;
+  // Sparse layers' step workspace (moe.cpp): router logits, chosen experts and their weights.
+  int32_t moe_capacity_ = 0;
+  Buffer router_logits_, moe_ids_, moe_weights_;
   StepStaging staging_;               // the step's metadata and logits on a device backend
   int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
   float* greedy_logprobs_ = nullptr;

@@ -358,6 +358,12 @@ QuantTensor ggml_decode(const void* data, size_t nbytes, int32_t type, int64_t r
     decode_row(type, src + static_cast<size_t>(s) * row_bytes, cols, t.q.data() + r * cols,
                t.scale.data() + r * ng, nullptr, has_min ? t.min.data() + r * ng : nullptr);
   }
+  // A NaN or infinite block scale (a corrupt or hostile file) would poison every logit downstream.
+  for (size_t i = 0; i < t.scale.size(); ++i) {
+    FANTAI_REQUIRE(std::isfinite(t.scale[i]) && (t.min.empty() || std::isfinite(t.min[i])),
+                   "GGUF " << t.format << " tensor [" << rows << ", " << cols << "]: block " << i % ng
+                           << " of row " << i / ng << " has a non-finite scale or minimum");
+  }
   return t;
 }
 

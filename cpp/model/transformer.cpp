@@ -10,13 +10,24 @@
 
 namespace fantai::model {
 
+namespace {
+// Under tensor parallelism every rank builds the decoder of its share: the layer loop is the same
+// code, only the head and column counts differ, and the all-reduces join the partial outputs.
+ModelConfig rank_config(const ModelConfig& full, Communicator& comm, TpShard* shard) {
+  if (comm.world_size() <= 1) return full;
+  return shard_config(full, comm.rank(), comm.world_size(), shard);
+}
+}  // namespace
+
 Model::Model(const ModelConfig& config, DType dtype, std::shared_ptr<Backend> backend,
              const std::string& quantization)
-    : config_(config),
+    : config_(rank_config(config, backend->communicator(), &shard_)),
       dtype_(dtype),
       backend_(std::move(backend)),
       weights_(config_, dtype, backend_.get(), quantization),
-      staging_(backend_.get()) {}
+      staging_(backend_.get()) {
+  weights_.set_shard(shard_);
+}
 
 std::shared_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& dtype,
                                               std::shared_ptr<Backend> backend,
@@ -34,20 +45,15 @@ std::shared_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
 void Model::finalize() {
   weights_.finalize();
   // cos/sin table in f32 exactly as transformers computes it: angle = float(pos) * inv_freq.
-  const std::vector<float> inv = rope_inv_freq(config_);
-  const int32_t hd = config_.head_dim, half = hd / 2;
   max_positions_ = config_.max_position_embeddings;
-  std::vector<float> table(static_cast<size_t>(max_positions_) * hd);
-  for (int32_t p = 0; p < max_positions_; ++p) {
-    float* row = table.data() + static_cast<size_t>(p) * hd;
-    for (int32_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(p) * inv[i];
-      row[i] = std::cos(angle);
-      row[half + i] = std::sin(angle);
-    }
-  }
-  cos_sin_ = Buffer(backend_.get(), table.size() * sizeof(float));
-  backend_->upload(cos_sin_.data(), table.data(), table.size() * sizeof(float));
+  auto upload_table = [&](bool local) {
+    const std::vector<float> table = rope_cos_sin(config_, max_positions_, local);
+    Buffer b(backend_.get(), table.size() * sizeof(float));
+    backend_->upload(b.data(), table.data(), table.size() * sizeof(float));
+    return b;
+  };
+  cos_sin_ = upload_table(false);
+  if (config_.local_rope_theta > 0) local_cos_sin_ = upload_table(true);
   FANTAI_LOG(kInfo, config_.summary() << "; weights " << dtype_name(dtype_) << ", "
                                       << weights_.total_bytes() / (1 << 20) << " MiB");
 }
@@ -90,32 +96,49 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   float* q = qkv;
   float* k = qkv + c.q_dim();
   float* v = k + c.kv_dim();
-  be->rope(q, qkv_dim, k, qkv_dim, b.positions, n, c.num_heads, c.num_kv_heads, c.head_dim,
-           cos_sin_.as<float>());
+  if (c.qk_norm) {
+    be->rms_norm_heads(q, qkv_dim, n, c.num_heads, c.head_dim, L.q_norm.as<float>(), c.rms_norm_eps);
+    be->rms_norm_heads(k, qkv_dim, n, c.num_kv_heads, c.head_dim, L.k_norm.as<float>(), c.rms_norm_eps);
+  }
+  const Buffer& table = local_cos_sin_.data() && c.layer_is_sliding(layer) ? local_cos_sin_ : cos_sin_;
+  be->rope(q, qkv_dim, k, qkv_dim, b.positions, n, c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim,
+           table.as<float>());
   const int kind = cache.kind(layer);  // the layer's pool, tables and window
   be->store_kv(k, v, qkv_dim, b.slot_mapping[kind], n, cache.k(layer), cache.v(layer), cache.layout(kind));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale = c.query_pre_attn_scalar > 0
+                          ? static_cast<float>(1.0 / std::sqrt(c.query_pre_attn_scalar))
+                          : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(kind), b.attn[kind], c.num_heads,
                 scale, attn_out_.as<float>());
   linear(attn_out_.as<float>(), L.o.data(), L.o_q, L.o_bias.as<float>(), proj_out_.as<float>(), n,
          c.hidden_size, c.q_dim(), L.packed);
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
+  if (c.sandwich_norms)  // Gemma: the attention output is normalised before the residual add
+    be->rms_norm(proj_out_.as<float>(), L.post_attn_norm.as<float>(), proj_out_.as<float>(), n, c.hidden_size,
+                 c.rms_norm_eps);
 }
 
 void Model::mlp_block(int layer, int32_t n) {
+  if (config_.is_moe_layer(layer)) return moe_block(layer, n);
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layer(layer);
   Backend* be = backend_.get();
   const int64_t inter = c.intermediate_size;
-  if (!(L.packed && be->mlp_packed(normed_.as<float>(), L.gate_up.data(), L.down.data(), dtype_,
-                                   proj_out_.as<float>(), n, inter, c.hidden_size))) {
+  // The fused packed MLP is SiLU's; GeGLU takes the three-op path.
+  if (!(L.packed && !c.gelu_tanh &&
+        be->mlp_packed(normed_.as<float>(), L.gate_up.data(), L.down.data(), dtype_, proj_out_.as<float>(), n,
+                       inter, c.hidden_size))) {
     linear(normed_.as<float>(), L.gate_up.data(), L.gate_up_q, nullptr, gate_up_.as<float>(), n, 2 * inter,
            c.hidden_size, L.packed);
-    be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
+    if (c.gelu_tanh) be->gelu_tanh_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
+    else be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
     linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n, c.hidden_size, inter,
            L.packed);
   }
   be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
+  if (c.sandwich_norms)
+    be->rms_norm(proj_out_.as<float>(), L.post_mlp_norm.as<float>(), proj_out_.as<float>(), n, c.hidden_size,
+                 c.rms_norm_eps);
 }
 
 void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logits) {
@@ -150,6 +173,7 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   float* normed = normed_.as<float>();
   if (!weights_.embed_q().empty()) be->embedding_q(b.token_ids, n, weights_.embed_q().front().w, residual);
   else be->embedding(b.token_ids, n, weights_.embed().data(), dtype_, H, residual);
+  if (c.embed_scale > 0) be->scale(residual, c.embed_scale, n * H);
   be->rms_norm(residual, weights_.layer(0).input_norm.as<float>(), normed, n, H, c.rms_norm_eps);
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& L = weights_.layer(layer);
@@ -179,6 +203,8 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   float* out = staging_.logits_target(logits, b.num_logits, c.vocab_size);
   linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, out, b.num_logits, c.vocab_size, H,
          weights_.lm_head_packed());
+  if (c.final_logit_softcap > 0)
+    be->softcap(out, c.final_logit_softcap, static_cast<int64_t>(b.num_logits) * c.vocab_size);
   staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_);
 }
 
@@ -201,6 +227,8 @@ bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* token
 std::vector<float> Model::score(const std::vector<int32_t>& ids, DType kv_dtype) {
   const int32_t n = static_cast<int32_t>(ids.size());
   FANTAI_REQUIRE(n > 0, "score needs at least one token");
+  // The other ranks run only the engine's steps; a forward of its own here would leave them out.
+  FANTAI_REQUIRE(!shard_.active(), "score() runs in one process only; use tensor_parallel_size 1");
   const int32_t bs = 16, num_blocks = (n + bs - 1) / bs;
   KVCache cache(config_, num_blocks, bs, kv_dtype, backend_.get());
   std::vector<int32_t> positions(n), table(num_blocks), indices(n), cu{0, n}, ctx{n};

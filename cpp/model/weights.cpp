@@ -1,4 +1,5 @@
 // model: weight buffers, Hugging Face name mapping and fusion of q/k/v and gate/up.
+// Just over 400 lines: the tensor-parallel cut of set / set_ggml sits beside the setters it feeds.
 #include "model/weights.h"
 
 #include <algorithm>
@@ -11,19 +12,6 @@
 
 namespace fantai::model {
 
-// Where one checkpoint tensor goes: rows [row_offset, row_offset + rows) of `buffer`, which is
-// lazily allocated with `total_rows` rows.
-struct Weights::Slot {
-  Buffer* buffer = nullptr;
-  int64_t total_rows = 0;
-  int64_t row_offset = 0;
-  int64_t rows = 0;
-  int64_t cols = 0;              // 1 for vectors
-  bool f32 = false;              // norms and biases stay f32
-  QuantParts* qparts = nullptr;  // where quantized row ranges of this matrix go
-  bool projection = false;       // q/k/v/o/gate/up/down: quantized online when asked
-};
-
 Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend, const std::string& quantization)
     : config_(config),
       dtype_(dtype),
@@ -34,6 +22,7 @@ Weights::Weights(const ModelConfig& config, DType dtype, Backend* backend, const
                  "int8 is a KV cache dtype only; weights are float32, float16 or bfloat16");
   FANTAI_REQUIRE(quantization_ == "none" || quantization_ == "int8" || quantization_ == "int4",
                  "unknown quantization '" << quantization << "' (expected none, int8 or int4)");
+  init_experts();
 }
 
 ShardRule shard_rule(const std::string& n) {
@@ -52,8 +41,9 @@ Weights::Slot Weights::resolve(const std::string& name) {
   // small share of a large model and the most sensitive matrices.
   if (name == "model.embed_tokens.weight")
     return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
-  if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true};
+  if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true, nullptr, false, true};
   if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false, &lm_head_q_};
+  if (Slot e; resolve_expert(name, &e)) return e;
   static const std::regex re(R"(model\.layers\.(\d+)\.(\w+)\.?(\w*)\.(weight|bias))");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return {};
@@ -62,8 +52,19 @@ Weights::Slot Weights::resolve(const std::string& name) {
   LayerWeights& L = layers_[layer];
   const std::string a = m[2], b = m[3];
   const bool bias = m[4] == "bias";
-  if (a == "input_layernorm" && !bias) return {&L.input_norm, H, 0, H, 1, true};
-  if (a == "post_attention_layernorm" && !bias) return {&L.post_norm, H, 0, H, 1, true};
+  auto norm = [](Buffer* b, int64_t n) { return Slot{b, n, 0, n, 1, true, nullptr, false, true}; };
+  if (!bias) {
+    // Gemma's post_attention_layernorm normalises the attention output; Llama's is the MLP's input.
+    if (a == "input_layernorm") return norm(&L.input_norm, H);
+    if (a == "post_attention_layernorm") return norm(c.sandwich_norms ? &L.post_attn_norm : &L.post_norm, H);
+    if (a == "pre_feedforward_layernorm" && c.sandwich_norms) return norm(&L.post_norm, H);
+    if (a == "post_feedforward_layernorm" && c.sandwich_norms) return norm(&L.post_mlp_norm, H);
+    if (a == "self_attn" && c.qk_norm && b == "q_norm") return norm(&L.q_norm, c.head_dim);
+    if (a == "self_attn" && c.qk_norm && b == "k_norm") return norm(&L.k_norm, c.head_dim);
+    // Phi-3 stores q|k|v and gate|up already fused, in the order fantai fuses them.
+    if (a == "self_attn" && b == "qkv_proj") return {&L.qkv, QKV, 0, QKV, H, false, &L.qkv_q, true};
+    if (a == "mlp" && b == "gate_up_proj") return {&L.gate_up, 2 * I, 0, 2 * I, H, false, &L.gate_up_q, true};
+  }
   if (a == "self_attn") {
     int64_t off = b == "q_proj" ? 0 : b == "k_proj" ? Q : b == "v_proj" ? Q + KV : -1;
     int64_t rows = b == "q_proj" ? Q : KV;
@@ -103,8 +104,33 @@ void Weights::copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t c
   }
 }
 
+// Only this rank's rows and columns are read from the (mapped) checkpoint and converted.
 bool Weights::set(const std::string& name, const void* data, DType src_dtype,
                   const std::vector<int64_t>& shape) {
+  if (shape.size() == 3 && set_fused_experts(name, data, src_dtype, shape)) return true;
+  if (!shard_.active() || shape.size() > 2 || shape.empty()) return set_local(name, data, src_dtype, shape);
+  const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
+  const ShardSelection sel = select_shard(shard_, name, rows, cols);
+  if (sel.whole) return set_local(name, data, src_dtype, shape);
+  const size_t es = dtype_size(src_dtype);
+  std::vector<char> part(static_cast<size_t>(sel.num_rows() * sel.cols) * es);
+  if (!sel.zero) {
+    char* out = part.data();
+    for (const auto& [r0, n] : sel.rows)
+      for (int64_t r = r0; r < r0 + n; ++r, out += sel.cols * es)
+        std::memcpy(out, static_cast<const char*>(data) + (r * cols + sel.col0) * es, sel.cols * es);
+  }
+  if (sel.cols != cols && quantization_ == "int4")
+    FANTAI_REQUIRE(sel.cols % 32 == 0, "tensor " << name << ": int4 groups of 32 would be cut by the "
+                                                 << shard_.world << "-way tensor-parallel split (" << sel.cols
+                                                 << " columns per rank)");
+  std::vector<int64_t> local{sel.num_rows()};
+  if (shape.size() == 2) local.push_back(sel.cols);
+  return set_local(name, part.data(), src_dtype, local);
+}
+
+bool Weights::set_local(const std::string& name, const void* data, DType src_dtype,
+                        const std::vector<int64_t>& shape) {
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
@@ -123,6 +149,18 @@ bool Weights::set(const std::string& name, const void* data, DType src_dtype,
     add_quant_part(s, name, t.view(), int8 ? "int8" : "int4g32");
     return true;
   }
+  const DType dst_dtype = s.f32 ? DType::kF32 : dtype_;
+  if (s.norm && config_.norm_plus_one) {
+    // Gemma scales by (1 + w) in f32, as transformers does; the sum is the weight fantai keeps.
+    std::vector<float> w(static_cast<size_t>(numel));
+    convert_to_f32(data, src_dtype, w.data(), w.size());
+    for (float& v : w) v = 1.0f + v;
+    return set_resolved(s, name, w.data(), DType::kF32);
+  }
+  return set_resolved(s, name, data, src_dtype);
+}
+
+bool Weights::set_resolved(const Slot& s, const std::string& name, const void* data, DType src_dtype) {
   const DType dst_dtype = s.f32 ? DType::kF32 : dtype_;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -158,15 +196,51 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
   formats_[name] = format;
 }
 
+// A GGUF block is never cut: a column split must fall on block boundaries (32 or 256 values).
 bool Weights::set_ggml(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
                        int64_t rows, int64_t cols, const int32_t* row_perm) {
+  if (!shard_.active()) return set_ggml_local(name, data, nbytes, ggml_type, rows, cols, row_perm);
+  const ShardSelection sel = select_shard(shard_, name, rows, cols);
+  if (sel.whole && !row_perm) return set_ggml_local(name, data, nbytes, ggml_type, rows, cols, row_perm);
+  FANTAI_REQUIRE(!sel.zero,
+                 "tensor " << name << " (a bias) cannot come as GGUF blocks under tensor parallelism");
+  const int64_t block = ggml_is_float(ggml_type) ? 1 : ggml_type >= 10 ? 256 : 32;
+  FANTAI_REQUIRE(sel.col0 % block == 0 && sel.cols % block == 0,
+                 "tensor " << name << " (" << ggml_format_name(ggml_type) << ", blocks of " << block
+                           << ") cannot be split " << shard_.world << " ways: each rank would take "
+                           << sel.cols << " of its " << cols << " columns, not a whole number of blocks");
+  const size_t row_bytes = nbytes / static_cast<size_t>(rows);
+  const size_t c0 = sel.col0 ? ggml_tensor_bytes(ggml_type, 1, sel.col0) : 0;
+  const size_t width = ggml_tensor_bytes(ggml_type, 1, sel.cols);
+  const auto ranges = sel.whole ? std::vector<std::pair<int64_t, int64_t>>{{0, rows}} : sel.rows;
+  int64_t n_rows = 0;
+  for (const auto& r : ranges) n_rows += r.second;
+  std::vector<char> part(static_cast<size_t>(n_rows) * width);
+  char* out = part.data();
+  // Destination row g of the full tensor reads source row row_perm[g]: un-permuted here, once.
+  for (const auto& [r0, n] : ranges)
+    for (int64_t g = r0; g < r0 + n; ++g, out += width) {
+      const int64_t src = row_perm ? row_perm[g] : g;
+      FANTAI_REQUIRE(src >= 0 && src < rows, "tensor " << name << ": row permutation out of range");
+      std::memcpy(out, static_cast<const char*>(data) + src * row_bytes + c0, width);
+    }
+  return set_ggml_local(name, part.data(), part.size(), ggml_type, n_rows, sel.cols, nullptr);
+}
+
+bool Weights::set_ggml_local(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
+                             int64_t rows, int64_t cols, const int32_t* row_perm) {
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
     return false;
   }
   if (ggml_is_quant(ggml_type) && s.qparts) {
-    const QuantTensor t = ggml_decode(data, nbytes, ggml_type, rows, cols, row_perm);
+    QuantTensor t;
+    try {
+      t = ggml_decode(data, nbytes, ggml_type, rows, cols, row_perm);
+    } catch (const InvalidArgument& e) {
+      FANTAI_THROW("tensor " << name << ": " << e.what());
+    }
     add_quant_part(s, name, t.view(), t.format);
     return true;
   }
@@ -175,10 +249,12 @@ bool Weights::set_ggml(const std::string& name, const void* data, size_t nbytes,
   ggml_to_f32(data, nbytes, ggml_type, rows, cols, row_perm, f.data());
   const std::vector<int64_t> shape = s.cols == 1 ? std::vector<int64_t>{rows * cols}
                                                  : std::vector<int64_t>{rows, cols};
-  return set(name, f.data(), DType::kF32, shape);
+  return set_local(name, f.data(), DType::kF32, shape);
 }
 
 bool Weights::set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format) {
+  FANTAI_REQUIRE(!shard_.active(), "GPTQ / AWQ checkpoints are not split for tensor parallelism yet ("
+                                       << name << "); use tensor_parallel_size 1");
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);
@@ -205,7 +281,17 @@ void Weights::finalize() {
     need(L.input_norm, p + "input_layernorm.weight");
     need_linear(L.qkv, L.qkv_q, p + "self_attn.{q,k,v}_proj.weight");
     need_linear(L.o, L.o_q, p + "self_attn.o_proj.weight");
-    need(L.post_norm, p + "post_attention_layernorm.weight");
+    need(L.post_norm, p + (config_.sandwich_norms ? "pre_feedforward_layernorm.weight"
+                                                  : "post_attention_layernorm.weight"));
+    if (config_.sandwich_norms) {
+      need(L.post_attn_norm, p + "post_attention_layernorm.weight");
+      need(L.post_mlp_norm, p + "post_feedforward_layernorm.weight");
+    }
+    if (config_.qk_norm) {
+      need(L.q_norm, p + "self_attn.q_norm.weight");
+      need(L.k_norm, p + "self_attn.k_norm.weight");
+    }
+    if (config_.is_moe_layer(i)) continue;  // its experts are checked below
     need_linear(L.gate_up, L.gate_up_q, p + "mlp.{gate,up}_proj.weight");
     need_linear(L.down, L.down_q, p + "mlp.down_proj.weight");
   }
@@ -214,10 +300,19 @@ void Weights::finalize() {
   loaded_.erase(std::unique(loaded_.begin(), loaded_.end()), loaded_.end());
   for (int i = 0; i < config_.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
+    auto has = [&](const std::string& n) {
+      return std::binary_search(loaded_.begin(), loaded_.end(), p + n);
+    };
+    // A fused checkpoint tensor (Phi-3) stands for all its parts.
+    const bool fused_qkv = has("self_attn.qkv_proj.weight"), fused_gate_up = has("mlp.gate_up_proj.weight");
+    const bool moe = config_.is_moe_layer(i);
     for (const char* part : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                              "mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-      if (!std::binary_search(loaded_.begin(), loaded_.end(), p + part)) missing.push_back(p + part);
+      const bool attn = std::string(part).rfind("self_attn", 0) == 0;
+      if (moe && !attn) continue;
+      if (!(attn ? fused_qkv : fused_gate_up) && !has(part)) missing.push_back(p + part);
     }
+    if (moe) check_experts(i, &missing);
   }
   if (!missing.empty()) {
     std::string list;
@@ -229,6 +324,7 @@ void Weights::finalize() {
   }
   pack_layers();
   pack_lm_head();
+  build_moe_views();
 }
 
 // The layer matrices move into the backend's packed layout when it has one for this dtype; each
@@ -243,10 +339,14 @@ void Weights::pack_layers() {
       Buffer* b;
       int64_t n, k;
     } mats[] = {{&L.qkv, qkv, H}, {&L.o, H, c.q_dim()}, {&L.gate_up, 2 * inter, H}, {&L.down, H, inter}};
+    const size_t count = L.experts.empty() ? 4 : 2;  // a sparse layer's MLP is its experts
     bool all = true;
-    for (const auto& mt : mats) all = all && backend_->dense_packed_bytes(dtype_, mt.n, mt.k) > 0;
+    for (size_t i = 0; i < count; ++i)
+      all = all && backend_->dense_packed_bytes(dtype_, mats[i].n, mats[i].k) > 0;
     if (!all) return;  // the same for every layer
-    for (const auto& mt : mats) {
+    if (!L.experts.empty()) pack_experts(L);
+    for (size_t i = 0; i < count; ++i) {
+      const auto& mt = mats[i];
       Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, mt.n, mt.k), false);
       backend_->pack_dense(mt.b->data(), dtype_, mt.n, mt.k, packed.data());
       *mt.b = std::move(packed);
@@ -292,9 +392,10 @@ size_t Weights::total_bytes() const {
   size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes() + lm_head_packed_.bytes() +
                  parts(embed_q_) + parts(lm_head_q_);
   for (const LayerWeights& L : layers_) {
+    total += L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() + L.post_mlp_norm.bytes();
     total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.o_bias.bytes() +
              L.post_norm.bytes() + L.gate_up.bytes() + L.down.bytes() + parts(L.qkv_q) + parts(L.o_q) +
-             parts(L.gate_up_q) + parts(L.down_q);
+             parts(L.gate_up_q) + parts(L.down_q) + expert_bytes(L);
   }
   return total;
 }

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/buffer.h"
 #include "model/model_config.h"
+#include "model/tp_shard.h"
 
 namespace fantai::model {
 
@@ -24,21 +25,38 @@ struct QuantPart {
 };
 using QuantParts = std::vector<QuantPart>;
 
+// One expert of a mixture-of-experts layer, held as the dense MLP's matrices are (weights_moe.cpp).
+struct ExpertWeights {
+  Buffer gate_up;  // [2 * moe_intermediate, hidden]; rows gate | up
+  Buffer down;     // [hidden, moe_intermediate]
+  QuantParts gate_up_q, down_q;
+};
+
 struct LayerWeights {
   Buffer input_norm;  // [hidden] f32
   Buffer qkv;         // [q_dim + 2 * kv_dim, hidden] weight dtype; rows q | k | v
   Buffer qkv_bias;    // [q_dim + 2 * kv_dim] f32, empty without bias
   Buffer o;           // [hidden, q_dim]
   Buffer o_bias;      // [hidden] f32 or empty
-  Buffer post_norm;   // [hidden] f32
-  Buffer gate_up;     // [2 * intermediate, hidden]; rows gate | up
-  Buffer down;        // [hidden, intermediate]
+  Buffer post_norm;   // [hidden] f32, the norm before the MLP (Gemma's pre_feedforward_layernorm)
+  // Qwen3 / Gemma 3: q_norm, k_norm [head_dim] f32. Gemma 2 / 3 (sandwich norms): the norms of
+  // the attention output and of the MLP output [hidden] f32. Empty for other families.
+  Buffer q_norm, k_norm, post_attn_norm, post_mlp_norm;
+  Buffer gate_up;  // [2 * intermediate, hidden]; rows gate | up
+  Buffer down;     // [hidden, intermediate]
   // Quantized row ranges of the same matrices; a dense buffer above exists only when some part
   // of it came dense (its rows under a quantized part are zero and get overwritten).
   QuantParts qkv_q, o_q, gate_up_q, down_q;
   // qkv/o/gate_up/down hold the backend's packed dense layout (Backend::pack_dense) instead of
   // row-major; set by Weights::finalize for layers with no quantized part.
   bool packed = false;
+  // A sparse layer (ModelConfig::is_moe_layer) has no gate_up / down above but a router
+  // [num_experts, hidden] in f32 and its experts; moe_view describes them to the backend
+  // (Backend::moe_experts) once finalize has packed them (experts_packed) or not.
+  Buffer router;
+  std::vector<ExpertWeights> experts;
+  std::vector<MoeExpert> moe_view;
+  bool experts_packed = false;
 };
 
 // How a linear is split across tensor-parallel ranks: column-parallel splits output rows
@@ -66,6 +84,9 @@ class Weights {
   // A canonical quantized matrix (GPTQ / AWQ / RTN checkpoints); `format` is reported as is.
   bool set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format);
   void finalize();  // throws listing missing tensors; ties lm_head to the embedding if needed
+  // Tensor parallelism: the setters above take full checkpoint tensors and keep this rank's
+  // share (model/tp_shard); the config given to the constructor is already the share's.
+  void set_shard(const TpShard& shard) { shard_ = shard; }
 
   DType dtype() const { return dtype_; }
   const Buffer& embed() const { return embed_; }            // [vocab, hidden]
@@ -80,11 +101,40 @@ class Weights {
   // Hugging Face name -> resident format ("q4_1", "int4g32", "bf16", "f32", ...).
   const std::map<std::string, std::string>& formats() const { return formats_; }
   const LayerWeights& layer(int i) const { return layers_[i]; }
+  // The experts of sparse layer i as the backend takes them (valid after finalize).
+  MoeExperts moe_experts(int i) const;
   size_t total_bytes() const;
 
  private:
-  struct Slot;
+  // Where one checkpoint tensor goes: rows [row_offset, row_offset + rows) of `buffer`, which is
+  // lazily allocated with `total_rows` rows.
+  struct Slot {
+    Buffer* buffer = nullptr;
+    int64_t total_rows = 0;
+    int64_t row_offset = 0;
+    int64_t rows = 0;
+    int64_t cols = 0;              // 1 for vectors
+    bool f32 = false;              // norms and biases stay f32
+    QuantParts* qparts = nullptr;  // where quantized row ranges of this matrix go
+    bool projection = false;       // q/k/v/o/gate/up/down: quantized online when asked
+    bool norm = false;             // an RMSNorm weight: Gemma's (1 + w) is folded in at load
+  };
   Slot resolve(const std::string& name);
+  bool set_local(const std::string& name, const void* data, DType src_dtype,
+                 const std::vector<int64_t>& shape);
+  bool set_ggml_local(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
+                      int64_t rows, int64_t cols, const int32_t* row_perm);
+  bool set_resolved(const Slot& s, const std::string& name, const void* data, DType src_dtype);
+  // Mixture of experts (weights_moe.cpp): expert and router names, transformers' fused 3-D expert
+  // tensors split into experts, the finalize checks, packing and the backend's descriptors.
+  void init_experts();
+  bool resolve_expert(const std::string& name, Slot* slot);
+  bool set_fused_experts(const std::string& name, const void* data, DType src_dtype,
+                         const std::vector<int64_t>& shape);
+  void check_experts(int layer, std::vector<std::string>* missing) const;
+  void pack_experts(LayerWeights& L);
+  void build_moe_views();
+  size_t expert_bytes(const LayerWeights& L) const;
   void add_quant_part(const Slot& s, const std::string& name, const QuantMatrix& canonical,
                       const std::string& format);
   void pack_layers();
@@ -93,6 +143,7 @@ class Weights {
                  DType src_dtype, DType dst_dtype);
 
   ModelConfig config_;
+  TpShard shard_;
   DType dtype_;
   Backend* backend_;
   std::string quantization_;

@@ -22,6 +22,9 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;                // finish (reason stop) when sampled, like EOS
   int32_t logprobs = -1;                              // < 0: none; N >= 0: sampled token's logprob + top N
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
+  // A grammar constrains the output: the engine's token-mask provider decides each step's allowed
+  // tokens (SampleRow::allowed). Needs Engine::set_mask_provider.
+  bool constrained = false;
 
   bool greedy() const { return temperature <= 1e-5f; }
   void validate(int32_t vocab_size) const;  // throws InvalidArgument with a clear message

@@ -55,8 +55,20 @@ def _add_serve_options(p: argparse.ArgumentParser) -> None:
                    help="how tool calls are read from model text: hermes (<tool_call>{json}"
                         "</tool_call>, Qwen too), llama3_json, mistral ([TOOL_CALLS]); 'none' "
                         "turns tool calling off (default: %(default)s)")
+    p.add_argument("--reasoning-parser", default=None,
+                   choices=["deepseek_r1", "qwen3", "qwq"],
+                   help="split a reasoning model's <think>...</think> text from its answer: chat "
+                        "completions return it as reasoning_content, /v1/messages as thinking "
+                        "blocks, /v1/responses as reasoning items (default: off)")
+    p.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
+                   help="/v1/responses kept in memory (least recently used dropped first) for "
+                        "GET, DELETE and previous_response_id (default: %(default)s)")
     p.add_argument("--max-request-body-size", type=_size, default=32 * 1024 * 1024,
                    metavar="BYTES", help="larger request bodies get 413 (default: 32M)")
+    p.add_argument("--max-waiting-requests", type=int, default=1024, metavar="N",
+                   help="requests that may wait beyond the running batch (max-num-seqs); past them "
+                        "a request gets 503 with Retry-After at once instead of queueing without "
+                        "bound (default: %(default)s)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="grace period on SIGINT/SIGTERM for in-flight requests to finish before "
                         "they are aborted (default: %(default)s)")
@@ -194,7 +206,10 @@ def serve_command(args: argparse.Namespace) -> int:
                           api_key=args.api_key or None, max_body_bytes=args.max_request_body_size,
                           tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
                           generation_config=args.generation_config,
-                          disable_log_requests=args.disable_log_requests)
+                          reasoning_parser=args.reasoning_parser,
+                          responses_store_size=args.responses_store_size,
+                          disable_log_requests=args.disable_log_requests,
+                          max_waiting_requests=args.max_waiting_requests)
     listen = ListenOptions(host=args.host, port=args.port, log_level=args.log_level,
                            access_log=not args.disable_log_requests, shutdown_timeout=args.shutdown_timeout)
     run(engine_args, config, listen, started_at=_T0)

@@ -12,6 +12,7 @@ from fantai.engine_args import (  # noqa: F401  re-exported: the names this modu
     resolve_kv_cache_dtype,
 )
 from fantai.loader import load_model
+from fantai.structured import MaskProvider
 
 # The name before EngineArgs; kept so code and tests written against it still run.
 EngineOptions = EngineArgs
@@ -21,7 +22,12 @@ class CoreHolder:
     """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
 
     def __init__(self, options: EngineArgs) -> None:
-        loaded = load_model(options.model, options.dtype, options.threads, options.device,
+        from fantai.tp_launch import start_ranks
+
+        # Under tensor parallelism the other ranks start here (or already run under mpirun) and
+        # load their shares beside this one; rank 0 goes on as the only engine.
+        threads = start_ranks(options)
+        loaded = load_model(options.model, options.dtype, threads, options.device,
                             quantization=options.quantization, dequantize=options.dequantize)
         self.options = options
         self.model_path = loaded.path
@@ -42,3 +48,8 @@ class CoreHolder:
         self.engine = _C.Engine(loaded.model, config)
         self.max_model_len: int = self.engine.max_model_len
         self.vocab_size: int = loaded.model.config.vocab_size
+        # Structured outputs: the core asks this for the masks of constrained rows only; the
+        # llguidance tables are built on the first such request.
+        self.grammars = MaskProvider(self.tokenizer, self.vocab_size,
+                                     list(config.eos_token_ids) or self.tokenizer.eos_token_ids)
+        self.engine.set_mask_provider(self.grammars.fill)

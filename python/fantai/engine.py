@@ -15,6 +15,7 @@ from fantai.engine_args import AsyncEngineArgs, EngineArgs, engine_args_from
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
+from fantai.structured import structured_spec
 
 logger = logging.getLogger("fantai")
 
@@ -66,6 +67,12 @@ class AsyncEngine(CoreHolder):
     def release_memory(self) -> None:
         self._loop.release_memory()
 
+    async def prepare_structured(self, params: SamplingParams) -> None:
+        """Compiles the request's grammar beside the event loop; ValueError when it won't."""
+        spec = structured_spec(params)
+        if spec is not None and not self.grammars.ready(spec):
+            await asyncio.get_running_loop().run_in_executor(None, self.grammars.prepare, spec)
+
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Yields the request's RequestOutput each time it changes (a live object: cumulative
@@ -75,7 +82,11 @@ class AsyncEngine(CoreHolder):
                                     self.tokenizer)
         queue: asyncio.Queue[None] = asyncio.Queue()
         core = state.core_requests(self.max_model_len)
-        self._submit(state, core, queue)
+        spec = structured_spec(params)
+        if spec is not None:
+            await self.prepare_structured(params)  # a first compile runs beside the event loop
+            self.grammars.register([cid for cid, _ in core], spec)  # ValueError: bad grammar
+        self._submit(state, core, queue)  # releases the matchers if it fails
         try:
             while True:
                 await queue.get()
@@ -130,6 +141,7 @@ class AsyncEngine(CoreHolder):
                 self._loop.abort_request(child.core_id)
 
     def _forget(self, state: RequestState, core: list[tuple[int, Any]]) -> None:
+        self.grammars.release([cid for cid, _ in core])
         with self._lock:
             for core_id, _ in core:
                 self._owner.pop(core_id, None)

@@ -181,6 +181,10 @@ class EngineArgs:
                    "the product, as llama.cpp and vLLM do: faster prefill, tokens no longer "
                    "exact against an f32 reference (default: %(default)s)",
         check=_choice(MATMUL_PRECISIONS), choices=MATMUL_PRECISIONS)
+    tensor_parallel_size: int = _option(
+        1, "split the model over this many CPU ranks (processes) joined by MPI; they start on "
+           "this host by themselves, or span hosts under mpirun -np N (default: %(default)s)",
+        check=_int_at_least(1), parse=int, metavar="N")
     chat_template: str | None = _option(
         None, "Jinja chat template: a file path or the template text itself; default: the model's",
         metavar="FILE_OR_TEXT")

@@ -11,6 +11,7 @@ from fantai.engine_args import EngineArgs, engine_args_from
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
+from fantai.structured import structured_spec
 
 logger = logging.getLogger("fantai")
 
@@ -56,11 +57,14 @@ class LLM(CoreHolder):
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+             tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """chat_template_kwargs reach the template as variables (Qwen3's enable_thinking), as in vLLM."""
         conversations: list[list[dict[str, Any]]] = (
             [messages] if messages and isinstance(messages[0], dict) else messages)  # type: ignore[list-item,assignment]
         prompts = [self.tokenizer.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt,
-                                                      chat_template=chat_template or self.chat_template)
+                                                      chat_template=chat_template or self.chat_template,
+                                                      **(chat_template_kwargs or {}))
                    for conv in conversations]
         # The template already carries the special tokens (BOS etc.): don't add them twice.
         ids = [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p, add_special_tokens=False)} for p in prompts]
@@ -87,6 +91,10 @@ class LLM(CoreHolder):
         try:
             for st in states:
                 core = st.core_requests(self.max_model_len)
+                spec = structured_spec(st.params)
+                if spec is not None:  # ValueError (the grammar's own message) if it won't compile
+                    self.grammars.register([cid for cid, _ in core], spec)
+                    owner.update({cid: (st, i) for i, (cid, _) in enumerate(core)})
                 # n > 1: one request; its siblings fork from it and share the prompt's KV blocks.
                 self.engine.add_request(core[0][0], st.prompt_token_ids, core[0][1], core[1:])
                 for i, (core_id, _) in enumerate(core):
@@ -96,6 +104,8 @@ class LLM(CoreHolder):
             for core_id in owner:
                 self.engine.abort_request(core_id)
             raise
+        finally:
+            self.grammars.release(list(owner))
         return [st.result for st in states]
 
     def _loop(self, owner: dict[int, tuple[RequestState, int]], total: int, use_tqdm: bool) -> None:

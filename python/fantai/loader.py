@@ -59,6 +59,10 @@ def load_model(
     gc.disable()
     try:
         core, tokenizer = _load(path, dtype, threads, backend, quantization, dequantize)
+    except ValueError as e:  # model files are untrusted input: every refusal names the file
+        if path in str(e):
+            raise
+        raise ValueError(f"{path}: {e}") from e
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -93,7 +97,10 @@ def _load_gguf(path: str, dtype: str, threads: int, backend: str, quantization: 
         # Dense parts of a quantized file (norms, dequantized references) in bf16: what the CPU
         # kernels convert in registers, and half of f32's bandwidth.
         dtype = "bfloat16"
-    core = _C.Model.create(json.dumps(gguf.config), dtype, backend, threads, quantization)
+    try:
+        core = _C.Model.create(json.dumps(gguf.config), dtype, backend, threads, quantization)
+    except ValueError as e:  # the config the file's metadata gave: say which file
+        raise ValueError(f"{path}: {e}") from e
     # The tensors convert in C++ with the GIL released while the tokenizer is built in Python, on
     # another thread: the two overlap instead of adding up (~85 ms of the default model's load).
     failed: list[BaseException] = []
@@ -109,10 +116,15 @@ def _load_gguf(path: str, dtype: str, threads: int, backend: str, quantization: 
     sender.start()
     try:
         tokenizer = Tokenizer.from_gguf_metadata(gguf.tokenizer_metadata, gguf.eos_token_ids)
+    except (ValueError, TypeError, KeyError, IndexError) as e:  # a hostile vocabulary
+        raise ValueError(f"{path}: bad tokenizer metadata ({type(e).__name__}: {e})") from e
     finally:
         sender.join()
     if failed:
-        raise failed[0]
+        e = failed[0]
+        if isinstance(e, ValueError) and not str(e).startswith(path):
+            raise ValueError(f"{path}: {e}") from e
+        raise e
     gguf.close()
     _return_freed_heap()
     return core, tokenizer

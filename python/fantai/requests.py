@@ -37,6 +37,7 @@ def to_core_params(p: SamplingParams, index: int, max_tokens: int) -> _C.Samplin
     c.stop_token_ids = list(p.stop_token_ids)
     c.logprobs = -1 if p.logprobs is None else int(p.logprobs)
     c.logit_bias = [(int(k), float(v)) for k, v in (p.logit_bias or {}).items()]
+    c.constrained = p.structured_outputs is not None
     return c
 
 

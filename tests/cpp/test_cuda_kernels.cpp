@@ -150,9 +150,9 @@ TEST(CudaKernels, RopeOnFusedQkvColumns) {
   auto qkv = randn(n * stride, 4), cs = randn(max_pos * hd, 5);
   std::vector<int32_t> pos{0, 3, 49, 7, 7, 1, 20};
   auto want = qkv;
-  ref::rope(want.data(), stride, want.data() + hq * hd, stride, pos.data(), n, hq, hkv, hd, cs.data());
+  ref::rope(want.data(), stride, want.data() + hq * hd, stride, pos.data(), n, hq, hkv, hd, hd, cs.data());
   Dev d(qkv), dcs(cs), dpos(pos);
-  rope(d.as(), stride, d.as() + hq * hd, stride, dpos.as<int32_t>(), n, hq, hkv, hd, dcs.as(), nullptr);
+  rope(d.as(), stride, d.as() + hq * hd, stride, dpos.as<int32_t>(), n, hq, hkv, hd, hd, dcs.as(), nullptr);
   expect_close(d.get(), want, 1e-5f, 1e-5f, nullptr, "rope");  // v part untouched is checked too
 }
 
@@ -583,6 +583,93 @@ TEST(CudaBackend, QuantLinearAndEmbeddingMatchTheDequantizedReference) {
       want_e.insert(want_e.end(), wd.begin() + id * qc.cols, wd.begin() + (id + 1) * qc.cols);
     EXPECT_EQ(de.get(), want_e);
     be->free(mem);
+  }
+}
+
+// ---- mixture of experts -------------------------------------------------------------------------
+
+// Routing against the double reference (same experts, close weights), and the experts on bf16 and
+// int8 weights against the per-token reference on the values the kernels see; a row alone gives
+// the same bits as in the batch while the batch keeps every expert on the GEMV path (<= 8 rows).
+TEST(CudaBackend, MoeRouteAndExpertsMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  auto be = create_backend("cuda");
+  const int32_t E = 8, k = 2;
+  const int64_t H = 64, I = 48, rows = 37;
+  auto logits = randn(rows * E, 60, 2.f);
+  std::vector<int32_t> want_ids(rows * k);
+  std::vector<float> want_w(rows * k);
+  ref::moe_route(logits.data(), rows, E, k, true, want_ids.data(), want_w.data());
+  Dev dl(logits), dids(rows * k * 4), dw(rows * k * 4);
+  be->moe_route(dl.as(), rows, E, k, true, dids.as<int32_t>(), dw.as());
+  EXPECT_EQ(dids.get<int32_t>(), want_ids);
+  expect_close(dw.get(), want_w, 2e-6f, 1e-7f, nullptr, "moe_route weights");
+
+  for (bool quant : {false, true}) {
+    SCOPED_TRACE(quant ? "int8 experts" : "bf16 experts");
+    auto gu = rounded(randn(E * 2 * I * H, 61, 0.2f), DType::kBF16);
+    auto dn = rounded(randn(E * H * I, 62, 0.2f), DType::kBF16);
+    std::vector<void*> mem;
+    std::vector<MoeExpert> view(E);
+    std::vector<std::vector<uint8_t>> qs;
+    std::vector<std::vector<float>> scales;
+    // Symmetric int8 per row, written out by hand so the reference sees exactly q * scale.
+    auto quantize = [&](float* w, int64_t n, int64_t c) {
+      qs.emplace_back(n * c);
+      scales.emplace_back(n);
+      for (int64_t r = 0; r < n; ++r) {
+        float mx = 0;
+        for (int64_t j = 0; j < c; ++j) mx = std::max(mx, std::fabs(w[r * c + j]));
+        const float s = mx > 0 ? mx / 127.f : 1.f;
+        scales.back()[r] = s;
+        for (int64_t j = 0; j < c; ++j) {
+          const int q = static_cast<int>(std::nearbyint(w[r * c + j] / s));
+          qs.back()[r * c + j] = static_cast<uint8_t>(q + 128);
+          w[r * c + j] = s * static_cast<float>(q);
+        }
+      }
+      QuantMatrix m;
+      m.bits = 8, m.group = static_cast<int32_t>(c), m.rows = n, m.cols = c, m.ld = c;
+      m.data = qs.back().data(), m.scale = scales.back().data(), m.zero_point = 128;
+      mem.push_back(be->alloc(be->quant_packed_bytes(m)));
+      return be->pack_quant(m, mem.back());
+    };
+    for (int32_t e = 0; e < E; ++e) {
+      float* g = gu.data() + e * 2 * I * H;
+      float* d = dn.data() + e * H * I;
+      if (quant) {
+        view[e].gate_up.num_parts = 2;
+        view[e].gate_up.parts[0] = quantize(g, I, H);
+        view[e].gate_up.parts[1] = quantize(g + I * H, I, H);
+        view[e].gate_up.part_row0[1] = I;
+        view[e].down.num_parts = 1;
+        view[e].down.parts[0] = quantize(d, H, I);
+      } else {
+        for (auto [w, n] : {std::pair<float*, int64_t>{g, 2 * I * H}, {d, H * I}}) {
+          const auto raw = encode(std::vector<float>(w, w + n), DType::kBF16);
+          mem.push_back(be->alloc(raw.size()));
+          be->upload(mem.back(), raw.data(), raw.size());
+        }
+        view[e].gate_up.dense = mem[mem.size() - 2];
+        view[e].down.dense = mem.back();
+      }
+    }
+    MoeExperts ex;
+    ex.num_experts = E, ex.hidden = H, ex.inter = I, ex.dtype = DType::kBF16, ex.experts = view.data();
+    auto x = randn(rows * H, 63);
+    std::vector<float> want(rows * H);
+    ref::moe_experts(x.data(), want_ids.data(), want_w.data(), rows, k, gu.data(), dn.data(), DType::kF32, E,
+                     H, I, want.data());
+    Dev dx(x), dout(rows * H * 4);
+    be->moe_experts(dx.as(), dids.as<int32_t>(), dw.as(), rows, k, ex, dout.as());
+    const auto got = dout.get();
+    // Groups of more than 8 rows take the tensor-core GEMM (activations rounded to bf16).
+    expect_close(got, want, 2e-2f, 2e-2f, nullptr, "moe_experts");
+    Dev dx1(std::vector<float>(x.begin(), x.begin() + H)), dout1(H * 4);
+    be->moe_experts(dx1.as(), dids.as<int32_t>(), dw.as(), 1, k, ex, dout1.as());
+    expect_close(dout1.get(), std::vector<float>(want.begin(), want.begin() + H), 2e-2f, 2e-2f, nullptr,
+                 "moe_experts, one row");
+    for (void* p : mem) be->free(p);
   }
 }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -163,23 +164,44 @@ TEST_P(Kernels, RmsNormAndAddRmsNorm) {
 }
 
 TEST_P(Kernels, Rope) {
-  for (int hd : {64, 32, 8, 6}) {
+  // (head_dim, rotary_dim): full rotation, and Phi-3's partial one (the tail of each head passes).
+  for (auto [hd, rot] :
+       std::vector<std::pair<int, int>>{{64, 64}, {32, 32}, {8, 8}, {6, 6}, {64, 24}, {96, 32}}) {
     const int nq = 9, nkv = 3, T = 13, max_pos = 50;
     const int64_t stride = (nq + 2 * nkv) * hd + 5;  // fused qkv row with padding
     auto qkv = randn(T * stride, 21);
-    std::vector<float> cs(max_pos * hd);
+    std::vector<float> cs(max_pos * rot);
     for (int p = 0; p < max_pos; ++p)
-      for (int i = 0; i < hd / 2; ++i) {
-        const double f = p * std::pow(10000.0, -2.0 * i / hd);
-        cs[p * hd + i] = static_cast<float>(std::cos(f));
-        cs[p * hd + hd / 2 + i] = static_cast<float>(std::sin(f));
+      for (int i = 0; i < rot / 2; ++i) {
+        const double f = p * std::pow(10000.0, -2.0 * i / rot);
+        cs[p * rot + i] = static_cast<float>(std::cos(f));
+        cs[p * rot + rot / 2 + i] = static_cast<float>(std::sin(f));
       }
     std::vector<int32_t> pos(T);
     for (int t = 0; t < T; ++t) pos[t] = (t * 7 + 3) % max_pos;
     auto got = qkv, want = qkv;
-    be(2)->rope(got.data(), stride, got.data() + nq * hd, stride, pos.data(), T, nq, nkv, hd, cs.data());
-    ref::rope(want.data(), stride, want.data() + nq * hd, stride, pos.data(), T, nq, nkv, hd, cs.data());
+    be(2)->rope(got.data(), stride, got.data() + nq * hd, stride, pos.data(), T, nq, nkv, hd, rot, cs.data());
+    ref::rope(want.data(), stride, want.data() + nq * hd, stride, pos.data(), T, nq, nkv, hd, rot, cs.data());
     expect_close(got.data(), want.data(), got.size(), 1e-6f, 1e-6f, nullptr, "rope");
+    if (rot < hd) {  // the pass-through dims are the input's bits
+      for (int h = 0; h < nq; ++h)
+        EXPECT_TRUE(bitwise_equal(got.data() + h * hd + rot, qkv.data() + h * hd + rot, hd - rot));
+    }
+  }
+}
+
+TEST_P(Kernels, RmsNormHeadsInPlace) {
+  const int nq = 5, T = 9;
+  for (int hd : {16, 64, 100}) {
+    const int64_t stride = (nq + 4) * hd + 3;  // q heads as a column slice of a wider row
+    auto x = randn(T * stride, 22), w = randn(hd, 23);
+    auto got = x, want = x;
+    be(2)->rms_norm_heads(got.data(), stride, T, nq, hd, w.data(), 1e-6f);
+    ref::rms_norm_heads(want.data(), stride, T, nq, hd, w.data(), 1e-6f);
+    expect_close(got.data(), want.data(), got.size(), 2e-5f, 1e-6f, nullptr, "rms_norm_heads");
+    for (int t = 0; t < T; ++t)  // columns past the heads are left alone
+      EXPECT_TRUE(bitwise_equal(got.data() + t * stride + nq * hd, x.data() + t * stride + nq * hd,
+                                stride - nq * hd));
   }
 }
 
@@ -192,6 +214,33 @@ TEST_P(Kernels, SiluMul) {
     be(2)->silu_mul(gu.data(), out.data(), rows, inter);
     ref::silu_mul(gu.data(), want.data(), rows, inter);
     expect_close(out.data(), want.data(), out.size(), 1e-5f, 1e-6f, nullptr, "silu_mul");
+  }
+}
+
+TEST_P(Kernels, GeluTanhMul) {
+  for (int64_t inter : {1, 17, 1536}) {
+    const int64_t rows = 5;
+    auto gu = randn(rows * 2 * inter, 32, 3.f);
+    gu[0] = -100.f, gu[1] = 100.f, gu[2] = 0.f;  // both saturations and zero
+    std::vector<float> out(rows * inter), want(rows * inter);
+    be(2)->gelu_tanh_mul(gu.data(), out.data(), rows, inter);
+    ref::gelu_tanh_mul(gu.data(), want.data(), rows, inter);
+    expect_close(out.data(), want.data(), out.size(), 1e-5f, 1e-6f, nullptr, "gelu_tanh_mul");
+  }
+}
+
+TEST_P(Kernels, ScaleAndSoftcap) {
+  for (int64_t n : {1, 17, 100003}) {
+    auto x = randn(n, 33, 40.f);
+    auto got = x, want = x;
+    be(2)->scale(got.data(), 24.0f, n);
+    ref::scale(want.data(), 24.0f, n);
+    EXPECT_TRUE(bitwise_equal(got.data(), want.data(), n)) << "scale";
+    got = x, want = x;
+    be(2)->softcap(got.data(), 30.0f, n);
+    ref::softcap(want.data(), 30.0f, n);
+    expect_close(got.data(), want.data(), n, 1e-6f, 1e-6f, nullptr, "softcap");
+    for (int64_t i = 0; i < n; ++i) ASSERT_LE(std::abs(got[i]), 30.0f);
   }
 }
 

@@ -78,11 +78,17 @@ HIDDEN = 128
 MARGIN = 8.0  # logit lead of the scripted next token over noise in [-1, 1]
 
 
-def vocab() -> list[str]:
-    return SPECIALS + TOOL_CHAIN + TEXT_CHAIN + CYCLE + WORDS
+# A scripted reply: after `start` the model writes `seq`, then `end`.
+Chain = tuple[str, list[str], str]
+DEFAULT_CHAINS: list[Chain] = [("<|assistant|>", TEXT_CHAIN, "</s>"),
+                               ("<|assistant_tools|>", TOOL_CHAIN, "</s>")]
 
 
-def next_token_table(tokens: list[str]) -> list[int]:
+def vocab(extra: list[str] | None = None) -> list[str]:
+    return SPECIALS + TOOL_CHAIN + TEXT_CHAIN + CYCLE + WORDS + list(extra or [])
+
+
+def next_token_table(tokens: list[str], chains: list[Chain] | None = None) -> list[int]:
     """f: token id -> the scripted next token id."""
     ids = {t: i for i, t in enumerate(tokens)}
     table = [ids[" alpha"]] * len(tokens)
@@ -94,15 +100,16 @@ def next_token_table(tokens: list[str]) -> list[int]:
             prev = tok
         table[ids[prev]] = ids[end]
 
-    chain("<|assistant|>", TEXT_CHAIN, "</s>")
-    chain("<|assistant_tools|>", TOOL_CHAIN, "</s>")
+    for start, seq, end in chains or DEFAULT_CHAINS:
+        chain(start, seq, end)
     for i, word in enumerate(CYCLE):
         table[ids[word]] = ids[CYCLE[(i + 1) % len(CYCLE)]]
     table[ids["alpha"]] = ids[" beta"]
     return table
 
 
-def _build_tokenizer(path: Path, tokens: list[str]) -> None:
+def _build_tokenizer(path: Path, tokens: list[str], template: str = CHAT_TEMPLATE,
+                     specials: list[str] = SPECIALS) -> None:
     from tokenizers import (
         AddedToken,
         Regex,
@@ -116,25 +123,28 @@ def _build_tokenizer(path: Path, tokens: list[str]) -> None:
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r" ?\w+| ?[^\s\w]|\s"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CHAIN])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                        special_tokens=[("<s>", 1)])
     tok.save(str(path / "tokenizer.json"))
     config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-              "add_bos_token": True, "chat_template": CHAT_TEMPLATE,
+              "add_bos_token": True, "chat_template": template,
               "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096}
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
-def build_scripted_model(path: Path, seed: int = 0) -> Path:
+def build_scripted_model(path: Path, seed: int = 0, *, chains: list[Chain] | None = None,
+                         extra_tokens: list[str] | None = None, template: str = CHAT_TEMPLATE,
+                         extra_specials: list[str] | None = None) -> Path:
     """A 2-layer Llama whose residual stream is the token embedding (o_proj = down_proj = 0), so
-    greedy decoding follows next_token_table exactly; noise in lm_head keeps sampling random."""
+    greedy decoding follows next_token_table exactly; noise in lm_head keeps sampling random.
+    chains / extra_tokens / template / extra_specials: another script than the default one."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path.mkdir(parents=True, exist_ok=True)
-    tokens = vocab()
+    tokens = vocab(list(extra_specials or []) + list(extra_tokens or []))
     assert len(tokens) <= HIDDEN and len(set(tokens)) == len(tokens)
     cfg = LlamaConfig(vocab_size=len(tokens), hidden_size=HIDDEN, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -142,7 +152,7 @@ def build_scripted_model(path: Path, seed: int = 0) -> Path:
                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).to(torch.float32)
-    table = next_token_table(tokens)
+    table = next_token_table(tokens, chains)
     with torch.no_grad():
         model.model.embed_tokens.weight.zero_()
         model.model.embed_tokens.weight[:, :len(tokens)] += torch.eye(len(tokens))
@@ -156,7 +166,7 @@ def build_scripted_model(path: Path, seed: int = 0) -> Path:
             head[nxt, i] += MARGIN
         model.lm_head.weight.copy_(head / HIDDEN ** 0.5)
     model.save_pretrained(str(path), safe_serialization=True)
-    _build_tokenizer(path, tokens)
+    _build_tokenizer(path, tokens, template, SPECIALS + list(extra_specials or []))
     return path
 
 

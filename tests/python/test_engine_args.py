@@ -57,6 +57,7 @@ CLI_VALUES = {
     "block_size": ("8", 8), "seed": ("11", 11), "threads": ("1", 1), "num_kv_blocks": ("40", 40),
     "kv_cache_dtype": ("int8", "int8"), "device": ("cpu", "cpu"), "quantization": ("int8", "int8"),
     "matmul_precision": ("bfloat16", "bfloat16"), "chat_template": ("{{ x }}", "{{ x }}"),
+    "tensor_parallel_size": ("2", 2),
 }
 BOOL_FLAGS = {"enable_chunked_prefill": False, "enable_prefix_caching": False, "dequantize": True}
 

@@ -22,6 +22,23 @@ VARIANTS = {
                                   rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
     "mistral": dict(arch="mistral", heads=8, kv_heads=2, hidden=64, sliding_window=None),
     "qwen2_bias": dict(arch="qwen2", heads=4, kv_heads=2, use_sliding_window=False),
+    # head_dim apart from hidden / heads (q is 128 wide on a 64 model), per-head q/k RMSNorm
+    "qwen3_qk_norm": dict(arch="qwen3", heads=4, kv_heads=2, head_dim=32, use_sliding_window=False),
+    # (1 + w) norms on both sides of attention and MLP, GeGLU, sqrt(hidden)-scaled embeddings,
+    # query_pre_attn_scalar, final logit soft-capping
+    "gemma2": dict(arch="gemma2", heads=4, kv_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                   final_logit_softcapping=3.0, attn_logit_softcapping=None, tie=True),
+    # q/k norms too, and a sliding layer with its own rope base beside a linearly scaled global one
+    "gemma3": dict(arch="gemma3", heads=4, kv_heads=1, head_dim=32, query_pre_attn_scalar=32,
+                   layer_types=["sliding_attention", "full_attention"], rope_parameters={
+                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                       "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
+    # fused qkv_proj / gate_up_proj in the checkpoint, 3/4 of each head rotated, longrope
+    "phi3_longrope_partial": dict(arch="phi3", heads=4, kv_heads=2, max_pos=1024, pad_token_id=0,
+        original_max_position_embeddings=256, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": 256,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5], "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0]}),
 }
 
 

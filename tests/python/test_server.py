@@ -546,9 +546,10 @@ BAD_CASES: list[tuple[str, str, Any, dict[str, str], int, str]] = [
      {}, 400, "functions"),
     ("suffix", "/v1/completions", {"model": "tiny", "prompt": "x", "suffix": "y"}, {}, 400,
      "suffix"),
-    ("json mode", "/v1/chat/completions",
+    ("bad json schema", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-      "response_format": {"type": "json_object"}}, {}, 400, "response_format"),
+      "response_format": {"type": "json_schema", "json_schema": {
+          "name": "x", "schema": {"type": "nonsense"}}}}, {}, 400, "JSON schema"),
     ("image part", "/v1/chat/completions",
      {"model": "tiny", "messages": [{"role": "user", "content": [
          {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, {}, 400, "image_url"),
@@ -566,6 +567,12 @@ BAD_CASES: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("oversized body", "/v1/completions", {"model": "tiny", "prompt": "x" * (2 << 20)}, {},
      413, "limit"),
     ("unknown route", "/v1/nothing", {}, {}, 404, "/v1/nothing"),
+    # integers past the core's fixed widths (the request fuzzer's one 500, a TypeError at the binding)
+    ("top_k past int64", "/v1/chat/completions",
+     {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_k": 9223372036854775808}, {}, 400,
+     "top_k"),
+    ("seed past int64", "/v1/completions", {"model": "tiny", "prompt": "x", "seed": 2**64}, {}, 400, "seed"),
+    ("n past int32", "/v1/completions", {"model": "tiny", "prompt": "x", "n": 2**40}, {}, 400, "Invalid value for 'n'"),
 ]
 
 

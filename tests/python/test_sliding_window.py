@@ -21,13 +21,21 @@ BLOCK = 16
 MISTRAL_WINDOW = 24
 QWEN_WINDOW = 40
 
+GEMMA_WINDOW = 24
+GEMMA_SOFTCAP = 2.0  # small enough that tanh bends the tiny model's scores (see the cap test)
+
 # Mistral slides every layer; the Qwen2 slides layers >= max_window_layers (1 and 2 of 3), so it
-# has a full-attention pool and a window pool.
+# has a full-attention pool and a window pool; Gemma 2 alternates sliding / full layers and caps
+# every attention score (and the final logits).
 MODELS = {
     "mistral": dict(arch="mistral", heads=4, kv_heads=2, sliding_window=MISTRAL_WINDOW, max_pos=4096),
     "qwen2_mixed": dict(arch="qwen2", layers=3, heads=4, kv_heads=2, use_sliding_window=True,
                         sliding_window=QWEN_WINDOW, max_window_layers=1, max_pos=4096),
+    "gemma2": dict(arch="gemma2", heads=4, kv_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                   sliding_window=GEMMA_WINDOW, attn_logit_softcapping=GEMMA_SOFTCAP,
+                   final_logit_softcapping=3.0, max_pos=4096),
 }
+WINDOW = {"mistral": MISTRAL_WINDOW, "qwen2_mixed": QWEN_WINDOW, "gemma2": GEMMA_WINDOW}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -132,6 +140,29 @@ def test_logits_match_transformers(model: tuple[str, Path, Any]) -> None:
         np.testing.assert_allclose(ours, hf_logits(ref, prompt).numpy(), atol=LOGIT_ATOL, rtol=1e-4)
 
 
+def test_gemma2_softcap_bends_the_scores(model: tuple[str, Path, Any]) -> None:
+    """Gemma 2's attention soft-cap is applied, not merely parsed: transformers with the cap taken
+    out of its layers departs from our logits by far more than the parity tolerance, and the
+    parity above holds with it in."""
+    name, path, ref = model
+    if name != "gemma2":
+        pytest.skip("Gemma 2 only")
+    prompt = random_prompts(1, 320, [60], seed=8)[0]
+    ours = LLM(str(path), dtype="float32", num_kv_blocks=64)._model.score(prompt)
+    layers = ref.model.layers
+    saved = [layer.self_attn.attn_logit_softcapping for layer in layers]
+    assert saved == [GEMMA_SOFTCAP] * len(layers)
+    try:
+        for layer in layers:
+            layer.self_attn.attn_logit_softcapping = None
+        uncapped = hf_logits(ref, prompt).numpy()
+    finally:
+        for layer, cap in zip(layers, saved):
+            layer.self_attn.attn_logit_softcapping = cap
+    assert np.abs(ours - uncapped).max() > 50 * LOGIT_ATOL
+    np.testing.assert_allclose(ours, hf_logits(ref, prompt).numpy(), atol=LOGIT_ATOL, rtol=1e-4)
+
+
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
 def test_greedy_tokens_match_transformers(model: tuple[str, Path, Any], chunked: bool) -> None:
     """Prompts shorter and longer than the window, generation past it; chunks of 16 tokens make the
@@ -195,10 +226,10 @@ def run_and_sample_blocks(llm: LLM, prompt: list[int], max_tokens: int) -> tuple
 
 def test_window_only_model_holds_the_window_through_2000_tokens(model: tuple[str, Path, Any]) -> None:
     """Mistral: 2,000 generated tokens in a pool of 8 blocks (128 token slots), never more than
-    ceil(W / block_size) + 1 blocks held, transformers' tokens. The mixed Qwen2's window pool stays
-    as small while its full pool holds the whole sequence."""
+    ceil(W / block_size) + 1 blocks held, transformers' tokens. The mixed Qwen2's and Gemma 2's
+    window pools stay as small while their full pools hold the whole sequence."""
     name, path, ref = model
-    window = MISTRAL_WINDOW if name == "mistral" else QWEN_WINDOW
+    window = WINDOW[name]
     n = 2000 if name == "mistral" else 300
     prompt = random_prompts(1, 320, [10], seed=6)[0]
     llm = LLM(str(path), dtype="float32", num_kv_blocks=8 if name == "mistral" else 32)
@@ -206,7 +237,7 @@ def test_window_only_model_holds_the_window_through_2000_tokens(model: tuple[str
     assert got == hf_greedy(ref, prompt, n)
     bound = math.ceil(window / BLOCK) + 1
     assert peak[f"sliding_window_{window}"] <= bound
-    if name == "qwen2_mixed":
+    if name != "mistral":  # a full-attention pool beside the window's
         assert peak["full"] == math.ceil((len(prompt) + n - 1) / BLOCK)
     stats = llm.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]

@@ -1,4 +1,4 @@
-"""Test helpers: tiny random-weight Llama / Mistral / Qwen2 checkpoints saved as HF directories."""
+"""Test helpers: tiny random-weight checkpoints of every family fantai runs, saved as HF directories."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
-CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+           "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "phi3": Phi3Config,
+           "mixtral": MixtralConfig, "qwen3_moe": Qwen3MoeConfig}
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|> {% endif %}")
 
@@ -37,6 +40,8 @@ def build_tiny_model(path: Path, arch: str = "llama", *, vocab_size: int = 320, 
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("mlp.gate.weight"):  # a MoE router: wider logits, clear top-k picks
+                p.add_(torch.randn_like(p) * 0.3)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     if edit_config is not None:

@@ -12,7 +12,14 @@ from starlette.responses import JSONResponse, Response
 
 from fantai.outputs import CompletionOutput
 from fantai.sampling_params import SamplingParams
-from fantai.server.chat import ToolPlan, content_text, encode_chat, plan_tools, render_prompt
+from fantai.server.chat import (
+    ToolPlan,
+    apply_tool_grammar,
+    content_text,
+    encode_chat,
+    plan_tools,
+    render_prompt,
+)
 from fantai.server.errors import APIError
 from fantai.server.params import _pick, check_max_tokens, stop_list
 from fantai.server.protocol import (
@@ -24,6 +31,7 @@ from fantai.server.protocol import (
 )
 from fantai.server.serving import (
     EngineCall,
+    check_constraint,
     collect,
     generate,
     new_id,
@@ -32,6 +40,7 @@ from fantai.server.serving import (
     sse_response,
     until_disconnect,
 )
+from fantai.server.reasoning import StreamingReasoning
 from fantai.server.state import ServerContext
 from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta
 
@@ -89,7 +98,10 @@ def _tool_plan(ctx: ServerContext, body: MessagesRequest) -> ToolPlan:
             if not body.tool_choice.name:
                 raise APIError("tool_choice.name is required when tool_choice.type is 'tool'.")
             choice = NamedToolChoice(function=NamedFunction(name=body.tool_choice.name))
-    return plan_tools(ctx, tools or None, choice)
+    parallel = None
+    if body.tool_choice is not None and getattr(body.tool_choice, "disable_parallel_tool_use", None):
+        parallel = False
+    return plan_tools(ctx, tools or None, choice, parallel)
 
 
 def _params(ctx: ServerContext, body: MessagesRequest, max_tokens: int) -> SamplingParams:
@@ -115,6 +127,8 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     params = _params(ctx, body, check_max_tokens(body.max_tokens, len(ids), ctx.max_model_len))
     if plan.parse and ctx.tool_parser is not None and ctx.tool_parser.name == "mistral":
         params.skip_special_tokens = False
+    apply_tool_grammar(ctx, plan, params)
+    await check_constraint(ctx, params, "tools")
     call = EngineCall(new_id("msg_"), ids, params, text)
     if body.stream:
         return sse_response(await primed(request, _events(ctx, call, model, plan)))
@@ -152,10 +166,15 @@ def _tool_block(call: ParsedToolCall) -> dict[str, Any]:
 
 def _message_body(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPlan,
                   comp: CompletionOutput) -> dict[str, Any]:
-    content, calls = comp.text, list[ParsedToolCall]()
+    reasoning, text = None, comp.text
+    if ctx.reasoning_parser is not None:
+        reasoning, text, _ = ctx.reasoning_parser.split(comp.text, final=True)
+    content, calls = text, list[ParsedToolCall]()
     if plan.parse and ctx.tool_parser is not None:
-        content, calls = ctx.tool_parser.extract(plan.prefix + comp.text)
+        content, calls = ctx.tool_parser.extract(plan.prefix + text)
     blocks: list[dict[str, Any]] = []
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     if content.strip() or not calls:
         blocks.append({"type": "text", "text": content})
     blocks += [_tool_block(c) for c in calls]
@@ -166,16 +185,38 @@ def _message_body(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
 
 
 class _EventWriter:
-    """Anthropic's block bookkeeping: a text block opens lazily and closes before tool blocks."""
+    """Anthropic's block bookkeeping: a thinking block first, then a text block that opens lazily
+    and closes before tool blocks."""
 
-    __slots__ = ("index", "text_open")
+    __slots__ = ("index", "text_open", "thinking_open")
 
     def __init__(self) -> None:
         self.index = 0
         self.text_open = False
+        self.thinking_open = False
+
+    def thinking(self, piece: str) -> list[str]:
+        out = []
+        if not self.thinking_open:
+            out.append(sse({"type": "content_block_start", "index": self.index, "content_block": {
+                "type": "thinking", "thinking": "", "signature": ""}}, "content_block_start"))
+            self.thinking_open = True
+        out.append(sse({"type": "content_block_delta", "index": self.index,
+                        "delta": {"type": "thinking_delta", "thinking": piece}},
+                       "content_block_delta"))
+        return out
+
+    def close_thinking(self) -> list[str]:
+        if not self.thinking_open:
+            return []
+        self.thinking_open = False
+        self.index += 1
+        return [sse({"type": "content_block_delta", "index": self.index - 1,
+                     "delta": {"type": "signature_delta", "signature": ""}}, "content_block_delta"),
+                sse({"type": "content_block_stop", "index": self.index - 1}, "content_block_stop")]
 
     def text(self, piece: str) -> list[str]:
-        out = []
+        out = self.close_thinking()
         if not self.text_open:
             out.append(sse({"type": "content_block_start", "index": self.index,
                             "content_block": {"type": "text", "text": ""}}, "content_block_start"))
@@ -197,6 +238,7 @@ class _EventWriter:
         out: list[str] = []
         i = self.index
         if piece.id is not None:
+            out += self.close_thinking()
             out += self.close_text()
             i = self.index
             block = {"type": "tool_use", "id": _tool_use_id(piece.id), "name": piece.name or "",
@@ -224,16 +266,23 @@ async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
     parser = ctx.tool_parser if plan.parse else None
     tools = StreamingToolParser(parser, plan.prefix) if parser else None
     writer = _EventWriter()
+    thinking = StreamingReasoning(ctx.reasoning_parser) if ctx.reasoning_parser else None
     sent = 0
     comp: CompletionOutput | None = None
     async with aclosing(generate(ctx, [call])) as outs:
         async for _, out in outs:
             comp = out.outputs[0]
+            text = comp.text
+            if thinking is not None:
+                rd = thinking.feed(comp.text, final=bool(comp.finish_reason))
+                for chunk in (writer.thinking(rd.reasoning) if rd.reasoning else []):
+                    yield chunk
+                text = rd.content
             if tools is None:
-                piece, calls = comp.text[sent:], list[ToolCallDelta]()
-                sent = len(comp.text)
+                piece, calls = text[sent:], list[ToolCallDelta]()
+                sent = len(text)
             else:
-                step = tools.finish(comp.text) if comp.finish_reason else tools.feed(comp.text)
+                step = tools.finish(text) if comp.finish_reason else tools.feed(text)
                 piece, calls = step.content, step.calls
             for chunk in (writer.text(piece) if piece else []):
                 yield chunk
@@ -242,7 +291,7 @@ async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
                     yield chunk
     assert comp is not None
     called = tools is not None and tools.called
-    if writer.index == 0 and not writer.text_open:
+    if (writer.index == 0 or writer.thinking_open) and not writer.text_open:
         for chunk in writer.text(""):
             yield chunk
     for chunk in writer.close_text():

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import fantai
-from fantai.server import anthropic_api, dashboard, errors, openai_api
+from fantai.server import anthropic_api, dashboard, errors, openai_api, responses_api
 from fantai.server.chat import ToolPlan, render_prompt, template_messages
 from fantai.server.errors import APIError, error_response
 from fantai.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -26,14 +26,21 @@ __all__ = ["ServerConfig", "ServerContext", "build_app"]
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/ping"}) | dashboard.DASHBOARD_PATHS
 
 
+# The routes that run the model; the overload bound counts and refuses only these.
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses"})
+
+
 class GuardMiddleware:
-    """API key check (constant time) and request body limit (413), before any route runs."""
+    """API key check (constant time), request body limit (413) and the overload bound (503),
+    before any route runs: a refused request costs no parsing, so a burst cannot crowd out
+    /health or the requests being served."""
 
     def __init__(self, app: ASGIApp, ctx: ServerContext) -> None:
         self.app = app
         self.ctx = ctx
         key = ctx.config.api_key
         self.key = key.encode() if key else None
+        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,13 +53,34 @@ class GuardMiddleware:
                                  code="invalid_api_key",
                                  headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
-        body = await self._read_body(scope, receive)
-        if body is None:
-            limit = self.ctx.config.max_body_bytes
-            await error_response(path, 413, f"Request body is larger than the server's limit of "
-                                 f"{limit} bytes.", code="request_too_large")(scope, receive, send)
+        generation = path in GENERATION_PATHS
+        if generation and self.in_flight >= self._capacity():
+            self.ctx.metrics.finished["overload"] = self.ctx.metrics.finished.get("overload", 0) + 1
+            # The body is left unread, so the connection cannot carry another request: close it.
+            await error_response(path, 503, f"The server is overloaded ({self.in_flight} requests in "
+                                 "flight); retry shortly.", code="overloaded",
+                                 headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send)
             return
-        await self.app(scope, _replay(body, receive), send)
+        # The slot is taken before the body is read: a burst's requests all pass the check
+        # before any body has arrived, so counting later would let all of them in.
+        if generation:
+            self.in_flight += 1
+        try:
+            body = await self._read_body(scope, receive)
+            if body is None:
+                limit = self.ctx.config.max_body_bytes
+                await error_response(path, 413, f"Request body is larger than the server's limit of "
+                                     f"{limit} bytes.", code="request_too_large")(scope, receive, send)
+                return
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            if generation:
+                self.in_flight -= 1
+
+    def _capacity(self) -> int:
+        """The running batch plus the bounded waiting queue (--max-waiting-requests)."""
+        options = getattr(self.ctx.engine, "options", None)
+        return int(getattr(options, "max_num_seqs", 256)) + self.ctx.config.max_waiting_requests
 
     def _authorized(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])
@@ -185,6 +213,7 @@ def build_app(engine: Any, config: ServerConfig) -> FastAPI:
     _add_token_routes(app, ctx)
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(responses_api.router)
     dashboard.install(app, ctx)
     app.add_middleware(GuardMiddleware, ctx=ctx)
     return app

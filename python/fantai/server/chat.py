@@ -6,9 +6,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fantai.sampling_params import SamplingParams
 from fantai.server.errors import APIError
 from fantai.server.protocol import ChatMessage, NamedToolChoice, ToolCall
+from fantai.server.reasoning import reasoning_grammar
 from fantai.server.state import ServerContext
+from fantai.structured import StructuredOutputsParams
 
 
 @dataclass(slots=True)
@@ -17,7 +20,10 @@ class ToolPlan:
 
     tools: list[dict[str, Any]] | None  # OpenAI-shaped tool list for the template, or None
     parse: bool  # run the tool-call parser over the output
-    prefix: str = ""  # forced call opening appended to the prompt (tool_choice required/named)
+    prefix: str = ""  # text appended to the prompt, already part of the output to parse
+    # tool_choice required / named: a Lark grammar that makes the output a call (or calls) in
+    # the parser's syntax, arguments by the function's schema; the engine enforces it.
+    grammar: str | None = None
 
 
 def content_text(content: str | list[dict[str, Any]] | None, where: str = "content") -> str:
@@ -65,7 +71,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def plan_tools(ctx: ServerContext, tools: list[dict[str, Any]] | None,
-               choice: str | NamedToolChoice | None) -> ToolPlan:
+               choice: str | NamedToolChoice | None, parallel: bool | None = None) -> ToolPlan:
     """Resolve tool_choice (none / auto / required / a named function) against the parser."""
     if not tools:
         if choice not in (None, "none", "auto"):
@@ -77,14 +83,31 @@ def plan_tools(ctx: ServerContext, tools: list[dict[str, Any]] | None,
     if parser is None:
         raise APIError("Tool calling is off: start the server with --tool-call-parser.",
                        param="tools")
+    grammars = getattr(ctx.engine, "grammars", None)
+    can_mask = grammars is not None and grammars.spells_every_byte()
     if choice in (None, "auto"):
-        return ToolPlan(tools, True)
+        strict = can_mask and any(t.get("function", {}).get("strict") for t in tools)
+        grammar = parser.auto_grammar(tools, parallel is not False) if strict else None
+        return ToolPlan(tools, True, "", grammar)
     name = None if choice == "required" else choice.function.name  # type: ignore[union-attr]
     known = {t["function"]["name"] for t in tools}
     if name is not None and name not in known:
         raise APIError(f"tool_choice names function '{name}', which is not in 'tools'.",
                        param="tool_choice")
-    return ToolPlan(tools, True, parser.forced_prefix(name))
+    if not can_mask:  # no grammar can be trusted here: open the call in the prompt instead
+        return ToolPlan(tools, True, parser.forced_prefix(name))
+    grammar = parser.call_grammar(tools, name, parallel is not False, ctx.tokenizer.token_to_id)
+    return ToolPlan(tools, True, "", grammar)
+
+
+def apply_tool_grammar(ctx: ServerContext, plan: ToolPlan, params: SamplingParams) -> None:
+    """A tool grammar (forced calls, strict functions) replaces any other output constraint;
+    under a reasoning parser the constraint starts after the reasoning block."""
+    if plan.grammar is not None:
+        params.structured_outputs = StructuredOutputsParams(grammar=plan.grammar)
+    if ctx.reasoning_parser is not None and params.structured_outputs is not None:
+        params.structured_outputs = reasoning_grammar(ctx.reasoning_parser,
+                                                      params.structured_outputs)
 
 
 def render_prompt(ctx: ServerContext, messages: list[dict[str, Any]], plan: ToolPlan,

@@ -13,12 +13,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fantai.outputs import CompletionOutput, RequestOutput
-from fantai.server.chat import ToolPlan, encode_chat, plan_tools, render_prompt, template_messages
+from fantai.server.chat import (
+    ToolPlan,
+    apply_tool_grammar,
+    encode_chat,
+    plan_tools,
+    render_prompt,
+    template_messages,
+)
 from fantai.server.errors import APIError
-from fantai.server.params import build_sampling_params, check_max_tokens, check_token_ids
+from fantai.server.params import (
+    build_sampling_params,
+    check_max_tokens,
+    check_token_ids,
+    constraint_param,
+)
 from fantai.server.protocol import ChatCompletionRequest, CompletionRequest, PromptT
 from fantai.server.serving import (
     EngineCall,
+    check_constraint,
     collect,
     generate,
     new_id,
@@ -30,6 +43,7 @@ from fantai.server.serving import (
     until_disconnect,
     usage,
 )
+from fantai.server.reasoning import StreamingReasoning
 from fantai.server.state import ServerContext
 from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta
 
@@ -97,6 +111,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         params = build_sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs,
                                        defaults=ctx.defaults, vocab_size=ctx.vocab_size)
         calls.append(EngineCall(f"{rid}-{i}", ids, params, text))
+    await check_constraint(ctx, calls[0].params, constraint_param(body))
     echo = [c.prompt_text if c.prompt_text is not None else ctx.tokenizer.decode(c.prompt_ids)
             for c in calls] if body.echo else []
     reply = _Reply(rid, model, int(time.time()), calls, body.n, body.logprobs,
@@ -184,10 +199,6 @@ async def _completion_chunks(ctx: ServerContext, reply: _Reply) -> AsyncGenerato
 # ---------------------------------------------------------------- /v1/chat/completions
 
 def _check_chat_fields(body: ChatCompletionRequest) -> None:
-    fmt = body.response_format
-    if fmt is not None and fmt.type != "text":
-        raise APIError(f"response_format type '{fmt.type}' is not supported yet (no structured "
-                       "output); use {'type': 'text'}.", param="response_format")
     if body.top_logprobs and not body.logprobs:
         raise APIError("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
 
@@ -198,7 +209,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     model = ctx.model_name(body.model)
     _check_chat_fields(body)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    plan = plan_tools(ctx, tools, body.tool_choice)
+    plan = plan_tools(ctx, tools, body.tool_choice, body.parallel_tool_calls)
     text = render_prompt(ctx, template_messages(body.messages), plan,
                          body.add_generation_prompt, body.chat_template_kwargs)
     ids = encode_chat(ctx, text)
@@ -211,6 +222,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                                    defaults=ctx.defaults, vocab_size=ctx.vocab_size)
     if plan.parse and ctx.tool_parser is not None and ctx.tool_parser.name == "mistral":
         params.skip_special_tokens = False  # [TOOL_CALLS] is a special token
+    apply_tool_grammar(ctx, plan, params)
+    await check_constraint(ctx, params, "tools" if plan.grammar else constraint_param(body))
     rid = new_id("chatcmpl-")
     reply = _Reply(rid, model, int(time.time()), [EngineCall(rid, ids, params, text)], body.n,
                    logprobs, bool(body.stream_options and body.stream_options.include_usage))
@@ -255,11 +268,14 @@ def _chat_body(ctx: ServerContext, reply: _Reply, plan: ToolPlan, out: RequestOu
                ) -> dict[str, Any]:
     choices = []
     for comp in out.outputs:
-        content, calls = comp.text, list[ParsedToolCall]()
+        reasoning, text = split_reasoning(ctx, comp.text)
+        content, calls = text, list[ParsedToolCall]()
         if plan.parse and ctx.tool_parser is not None:
-            content, calls = ctx.tool_parser.extract(plan.prefix + comp.text)
+            content, calls = ctx.tool_parser.extract(plan.prefix + text)
         message: dict[str, Any] = {"role": "assistant",
                                    "content": None if calls and not content.strip() else content}
+        if reasoning is not None:  # vLLM's two names for it
+            message["reasoning_content"] = message["reasoning"] = reasoning
         if calls:
             message["tool_calls"] = [tool_call_json(c) for c in calls]
         lps = (_chat_logprobs(ctx, comp, 0, reply.logprobs) if reply.logprobs is not None
@@ -273,30 +289,45 @@ def _chat_body(ctx: ServerContext, reply: _Reply, plan: ToolPlan, out: RequestOu
             "usage": usage(reply.prompt_tokens(), generated)}
 
 
+def split_reasoning(ctx: ServerContext, text: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of a finished output under the server's reasoning parser."""
+    if ctx.reasoning_parser is None:
+        return None, text
+    reasoning, content, _ = ctx.reasoning_parser.split(text, final=True)
+    return reasoning, content
+
+
 @dataclass(slots=True)
 class _ChoiceState:
     text: int = 0
     tokens: int = 0
     done: bool = False
     tools: StreamingToolParser | None = None
+    reasoning: StreamingReasoning | None = None
 
 
 def _chat_deltas(ctx: ServerContext, reply: _Reply, comp: CompletionOutput, st: _ChoiceState
                  ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Deltas for one choice's new output (content and/or tool calls), and its logprobs."""
     deltas: list[dict[str, Any]] = []
+    text = comp.text
+    if st.reasoning is not None:
+        rd = st.reasoning.feed(comp.text, final=bool(comp.finish_reason))
+        if rd.reasoning:
+            deltas.append({"reasoning_content": rd.reasoning, "reasoning": rd.reasoning})
+        text = rd.content
     if st.tools is not None:
-        step = st.tools.finish(comp.text) if comp.finish_reason else st.tools.feed(comp.text)
+        step = st.tools.finish(text) if comp.finish_reason else st.tools.feed(text)
         if step.content:
             deltas.append({"content": step.content})
         deltas += [{"tool_calls": [tool_call_delta_json(piece)]} for piece in step.calls
                    if piece.id is not None or piece.arguments]
-    elif len(comp.text) > st.text:
-        deltas.append({"content": comp.text[st.text:]})
+    elif len(text) > st.text:
+        deltas.append({"content": text[st.text:]})
     lps = None
     if reply.logprobs is not None and len(comp.token_ids) > st.tokens:
         lps = _chat_logprobs(ctx, comp, st.tokens, reply.logprobs)
-    st.text, st.tokens = len(comp.text), len(comp.token_ids)
+    st.text, st.tokens = len(text), len(comp.token_ids)
     return deltas, lps
 
 
@@ -310,7 +341,9 @@ async def _chat_chunks(ctx: ServerContext, reply: _Reply, plan: ToolPlan
         return sse({**head, "choices": [choice]})
 
     parser = ctx.tool_parser if plan.parse else None
-    states = [_ChoiceState(tools=StreamingToolParser(parser, plan.prefix) if parser else None)
+    thinking = ctx.reasoning_parser
+    states = [_ChoiceState(tools=StreamingToolParser(parser, plan.prefix) if parser else None,
+                           reasoning=StreamingReasoning(thinking) if thinking else None)
               for _ in range(reply.n)]
     for idx in range(reply.n):
         yield chunk(idx, {"role": "assistant", "content": ""})

@@ -9,7 +9,14 @@ from typing import Any
 
 from fantai.sampling_params import SamplingParams
 from fantai.server.errors import APIError
-from fantai.server.protocol import SamplingFields
+from fantai.server.protocol import ResponseFormat, SamplingFields
+from fantai.structured import StructuredOutputsParams
+
+# vLLM's structured_outputs keys that tune a backend rather than name a constraint: accepted,
+# and llguidance needs none of them.
+_TUNING_KEYS = frozenset({"disable_fallback", "disable_any_whitespace", "whitespace_pattern",
+                          "disable_additional_properties", "backend"})
+_CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 @dataclass(slots=True)
@@ -107,6 +114,62 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
+def format_constraint(fmt: ResponseFormat | None, param: str = "response_format"
+                      ) -> StructuredOutputsParams | None:
+    """OpenAI's response_format (text, json_object, json_schema) as a constraint."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+    if schema is None:
+        raise APIError(f"'{param}.json_schema.schema' is required when type is 'json_schema'.",
+                       param=param)
+    return StructuredOutputsParams(json=schema if isinstance(schema, dict) else json.dumps(schema))
+
+
+def structured_from_request(req: SamplingFields) -> StructuredOutputsParams | None:
+    """The one output constraint a request asks for, from whichever field it used."""
+    found: list[tuple[str, StructuredOutputsParams]] = []
+    fmt = format_constraint(req.response_format)
+    if fmt is not None:
+        found.append(("response_format", fmt))
+    if req.structured_outputs:
+        so = req.structured_outputs
+        unknown = sorted(set(so) - set(_CONSTRAINT_KEYS) - _TUNING_KEYS)
+        if unknown:
+            raise APIError(f"Unsupported key(s) in structured_outputs: {', '.join(unknown)}.",
+                           param="structured_outputs")
+        picked = {k: so[k] for k in _CONSTRAINT_KEYS if so.get(k) is not None}
+        try:
+            found.append(("structured_outputs", StructuredOutputsParams(**picked)))
+        except (TypeError, ValueError) as exc:
+            raise APIError(str(exc), param="structured_outputs") from None
+    for name, key in (("guided_json", "json"), ("guided_regex", "regex"),
+                      ("guided_choice", "choice"), ("guided_grammar", "grammar")):
+        value = getattr(req, name)
+        if value is not None:
+            try:
+                found.append((name, StructuredOutputsParams(**{key: value})))
+            except ValueError as exc:
+                raise APIError(str(exc), param=name) from None
+    if len(found) > 1:
+        raise APIError("Give one output constraint per request; got "
+                       f"{', '.join(n for n, _ in found)}.", param=found[1][0])
+    return found[0][1] if found else None
+
+
+def constraint_param(req: SamplingFields) -> str:
+    """The request field that carried the constraint (for a 400 naming it)."""
+    if req.response_format is not None and req.response_format.type != "text":
+        return "response_format"
+    for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                 "guided_grammar"):
+        if getattr(req, name):
+            return name
+    return "tools"
+
+
 def build_sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | None,
                           defaults: GenerationDefaults, vocab_size: int,
                           stop: list[str] | None = None) -> SamplingParams:
@@ -134,6 +197,7 @@ def build_sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int
             stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
             logprobs=logprobs, logit_bias=parse_logit_bias(req.logit_bias, vocab_size),
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=structured_from_request(req))
     except ValueError as exc:
         raise APIError(str(exc)) from None

@@ -25,6 +25,19 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Loose):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Loose):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(_Strict):
     """Sampling knobs shared by /v1/completions and /v1/chat/completions (vLLM's extras too)."""
 
@@ -49,6 +62,16 @@ class SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Structured outputs: OpenAI's response_format, vLLM's structured_outputs object, and vLLM's
+    # older guided_* fields (one of them per request).
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
     # Accepted for compatibility; they change nothing here.
     store: bool | None = None
     metadata: dict[str, Any] | None = None
@@ -106,17 +129,12 @@ class ChatMessage(_Loose):
     tool_call_id: str | None = None
 
 
-class ResponseFormat(_Loose):
-    type: Literal["text", "json_object", "json_schema"]
-
-
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: ResponseFormat | None = None
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

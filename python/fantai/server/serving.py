@@ -32,6 +32,18 @@ class EngineCall:
     prompt_text: str | None = None
 
 
+async def check_constraint(ctx: ServerContext, params: SamplingParams, param: str) -> None:
+    """Compile the request's grammar now (off the event loop), so a bad one is a 400 before any
+    stream starts; a cached grammar costs nothing here."""
+    prepare = getattr(ctx.engine, "prepare_structured", None)
+    if prepare is None or params.structured_outputs is None:
+        return
+    try:
+        await prepare(params)
+    except ValueError as exc:
+        raise APIError(str(exc), param=param) from None
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 

@@ -10,6 +10,7 @@ from typing import Any
 from fantai.server.errors import APIError
 from fantai.server.metrics import ServerMetrics
 from fantai.server.params import GenerationDefaults
+from fantai.server.reasoning import ReasoningParser, get_reasoning_parser
 from fantai.server.tool_parsers import ToolParser, get_parser
 
 logger = logging.getLogger("fantai.server")
@@ -23,8 +24,11 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     tool_call_parser: str | None = "hermes"
+    reasoning_parser: str | None = None
+    responses_store_size: int = 1024  # /v1/responses kept for previous_response_id (LRU)
     generation_config: str | None = "auto"
     disable_log_requests: bool = False
+    max_waiting_requests: int = 1024  # beyond the running batch; then 503 + Retry-After
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -35,6 +39,8 @@ class ServerContext:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     tool_parser: ToolParser | None = None
+    reasoning_parser: ReasoningParser | None = None
+    responses: Any = None  # fantai.server.responses_api.ResponseStore
     draining: bool = False
     active: set[str] = field(default_factory=set)  # engine request ids in flight
 
@@ -43,7 +49,10 @@ class ServerContext:
         parser = get_parser(config.tool_call_parser) if config.tool_call_parser else None
         defaults = GenerationDefaults.load(config.generation_config,
                                            getattr(engine, "model_path", None))
-        return cls(engine=engine, config=config, defaults=defaults, tool_parser=parser)
+        reasoning = (get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser
+                     else None)
+        return cls(engine=engine, config=config, defaults=defaults, tool_parser=parser,
+                   reasoning_parser=reasoning)
 
     @property
     def tokenizer(self) -> Any:

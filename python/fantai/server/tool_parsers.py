@@ -1,12 +1,19 @@
-"""Server room: tool-call parsers (hermes, llama3_json, mistral), on whole and streamed text."""
+"""Server room: tool-call parsers (hermes, llama3_json, mistral), on whole and streamed text.
+
+Over 400 lines: each parser reads, streams and (for forced calls) writes the grammar of one
+syntax, and they share the helpers above them.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from fantai.structured import json_lark, lark_string
 
 _DECODER = json.JSONDecoder()
 
@@ -106,6 +113,29 @@ def _settled(args_text: str, closer: str = "") -> str:
     return args_text.rstrip(" \t\r\n}")
 
 
+def _call_object_rules(tools: list[dict[str, Any]], name: str | None, args_key: str,
+                       strict_only: bool = False) -> list[str]:
+    """Lark rules `obj` (one call object, name first, as the parsers read it) and one `argsN`
+    per function, its arguments as the function's JSON schema (strict_only: only functions that
+    ask for `strict`; the others' arguments are any JSON object)."""
+    alts: list[str] = []
+    rules: list[str] = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function", tool)
+        if name is not None and fn.get("name") != name:
+            continue
+        schema = fn.get("parameters") or {"type": "object"}
+        if strict_only and not fn.get("strict"):
+            schema = {"type": "object"}
+        head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + f', "{args_key}": '
+        rules.append(f"fn{i}: {lark_string(head)} args{i} \"}}\"")
+        rules.append(f"args{i}: {json_lark(schema)}")
+        alts.append(f"fn{i}")
+    if not alts:
+        raise ValueError(f"no tool named {name!r}")
+    return [f"obj: {' | '.join(alts)}", *rules, "WS: /[ \\t\\r\\n]+/"]
+
+
 class ToolParser:
     """Base: `marker_index` finds where tool-call text starts; `calls` parses from there."""
 
@@ -133,8 +163,20 @@ class ToolParser:
         return None
 
     def forced_prefix(self, function_name: str | None) -> str:
-        """Prompt text that opens a call (tool_choice required / named): no grammar engine yet."""
+        """Prompt text that opens a call (tool_choice required / named) where no grammar can
+        force one (a vocabulary that cannot spell every byte: see MaskProvider)."""
         raise NotImplementedError
+
+    def call_grammar(self, tools: list[dict[str, Any]], name: str | None, parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str:
+        """A Lark grammar whose every sentence is one call (or several, `parallel`) in this
+        parser's syntax, of `name` or of any tool, its arguments following the tool's schema."""
+        raise NotImplementedError
+
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+        """tool_choice auto with `strict` functions: free text, or text then calls whose
+        arguments follow the strict schemas. None: this syntax cannot say so (not enforced)."""
+        return None
 
     def extract(self, text: str) -> tuple[str, list[ParsedToolCall]]:
         start = self.marker_index(text)
@@ -180,6 +222,23 @@ class HermesParser(ToolParser):
             return "<tool_call>"
         return '<tool_call>{"name": ' + json.dumps(function_name) + ', "arguments": '
 
+    def call_grammar(self, tools: list[dict[str, Any]], name: str | None, parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str:
+        start = "start: call (WS? call)*" if parallel else "start: call"
+        call = 'call: "<tool_call>" WS? obj WS? "</tool_call>"'
+        return "\n".join([start, call, *_call_object_rules(tools, name, "arguments")]) + "\n"
+
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+        # Text that never opens a call, or text up to the first <tool_call> (a lazy lexeme that
+        # stops there), then calls. A greedy text lexeme could not give the marker back.
+        more = ' (WS? "<tool_call>" call)*' if parallel else ""
+        return "\n".join([
+            f"start: TEXT | pre call{more}",
+            "TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
+            'pre[stop="<tool_call>"]: /(?s:.*)/',
+            'call: WS? obj WS? "</tool_call>"',
+            *_call_object_rules(tools, None, "arguments", strict_only=True)]) + "\n"
+
 
 class Llama3JsonParser(ToolParser):
     """Llama 3.x: the reply is `{"name": ..., "parameters": {...}}`, `;`-separated, maybe tagged."""
@@ -217,6 +276,18 @@ class Llama3JsonParser(ToolParser):
             return '{"name": "'
         return '{"name": ' + json.dumps(function_name) + ', "parameters": '
 
+    def call_grammar(self, tools: list[dict[str, Any]], name: str | None, parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str:
+        start = 'start: obj ("; " obj)*' if parallel else "start: obj"
+        return "\n".join([start, *_call_object_rules(tools, name, "parameters")]) + "\n"
+
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+        # A reply is a call when it starts with "{": text is anything that does not.
+        calls = 'obj ("; " obj)*' if parallel else "obj"
+        return "\n".join([f"start: TEXT | {calls}",
+                          "TEXT: /[^{ \\t\\r\\n](?s:.*)/ & ~/(?s:.*)<\\|python_tag\\|>(?s:.*)/",
+                          *_call_object_rules(tools, None, "parameters", strict_only=True)]) + "\n"
+
 
 class MistralParser(ToolParser):
     """Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` or `[TOOL_CALLS]name{...}`."""
@@ -252,6 +323,15 @@ class MistralParser(ToolParser):
         if function_name is None:
             return '[TOOL_CALLS][{"name": "'
         return '[TOOL_CALLS][{"name": ' + json.dumps(function_name) + ', "arguments": '
+
+    def call_grammar(self, tools: list[dict[str, Any]], name: str | None, parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str:
+        # [TOOL_CALLS] is a special token: the grammar names it by id (llguidance's <[id]>).
+        tid = token_id("[TOOL_CALLS]") if token_id is not None else None
+        marker = f"<[{tid}]>" if tid is not None else lark_string("[TOOL_CALLS]")
+        items = 'obj (", " obj)*' if parallel else "obj"
+        start = f'start: {marker} "[" {items} "]"'
+        return "\n".join([start, *_call_object_rules(tools, name, "arguments")]) + "\n"
 
 
 PARSERS: dict[str, type[ToolParser]] = {

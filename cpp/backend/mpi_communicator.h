@@ -1,0 +1,28 @@
+// backend: tensor-parallel ranks over MPI (Open MPI), compiled in when CMake finds MPI.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace fantai {
+
+// Empty when this build has MPI; otherwise why not (printed by CMake too).
+std::string mpi_unavailable_reason();
+
+// This process's rank in the MPI world mpirun started (0 when it was not started by mpirun).
+// Initialises MPI when built with it.
+int mpi_world_rank();
+
+// Rank 0 of a group of `world_size` ranks. Started by mpirun with that many ranks: the MPI world
+// (every rank runs the same command; ranks > 0 call mpi_join). Otherwise this process spawns
+// world_size - 1 ranks running worker_argv (argv[0] the program) through MPI_Comm_spawn.
+// timeout_s bounds every collective (the watchdog); on a miss the process fails loudly and exits.
+std::shared_ptr<Communicator> mpi_connect(int world_size, const std::vector<std::string>& worker_argv,
+                                          double timeout_s);
+// A rank > 0: the group of the process that spawned this one, or the MPI world.
+std::shared_ptr<Communicator> mpi_join(double timeout_s);
+
+}  // namespace fantai

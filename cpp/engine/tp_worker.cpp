@@ -1,0 +1,170 @@
+// engine: the step's wire format between tensor-parallel ranks and the worker loop of ranks > 0.
+#include "engine/tp_worker.h"
+
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "common/check.h"
+#include "common/logging.h"
+
+namespace fantai::engine {
+namespace {
+
+enum : int64_t { kOpStep = 1, kOpStop = 2 };
+// op, num_tokens, num_seqs, max_blocks_per_seq, num_copies, max_query_len, max_context_len, bytes,
+// num_kv_kinds
+constexpr int kHeader = 9;
+// num_kinds, block_size, kv dtype, fingerprint, then blocks per kind
+constexpr int kHandshake = 4 + model::kMaxKvKinds;
+// Same checkpoint, dtype, quantization and config on every rank: the config's summary and the
+// bits of the (replicated) final norm.
+int64_t fingerprint(model::Model& m) {
+  std::string s = m.full_config().summary() + "|" + dtype_name(m.dtype()) + "|" + m.weights().quantization();
+  const Buffer& norm = m.weights().final_norm();
+  std::string bytes(norm.bytes(), '\0');
+  m.backend()->download(bytes.data(), norm.data(), norm.bytes());
+  return static_cast<int64_t>(std::hash<std::string>{}(s) ^ (std::hash<std::string>{}(bytes) * 31));
+}
+
+// Every rank reports whether it agrees; the sum says whether anyone did not.
+void agree(Communicator& comm, bool ok, const std::string& what) {
+  float bad = ok ? 0.0f : 1.0f;
+  comm.all_reduce_sum(&bad, 1);
+  FANTAI_REQUIRE(bad == 0.0f, "tensor-parallel ranks disagree: " << what
+                                                                 << " (every rank must be started with "
+                                                                 << "the same model and options)");
+}
+
+// Each kind's slots first (8-byte aligned in the buffer), tokens and positions, the shared query
+// layout, each kind's block tables, then the block copies as (kind, src, dst).
+size_t payload_bytes(const int64_t* h) {
+  const int64_t n = h[1], seqs = h[2], blocks = h[3], copies = h[4], kinds = h[8];
+  return static_cast<size_t>(kinds * n) * sizeof(int64_t) +
+         static_cast<size_t>(2 * n + (seqs + 1) + seqs + kinds * seqs * blocks + 3 * copies) *
+             sizeof(int32_t);
+}
+
+}  // namespace
+
+void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks, int32_t block_size,
+                         DType kv_dtype) {
+  Communicator& comm = m.backend()->communicator();
+  const int kinds = static_cast<int>(num_blocks.size());
+  FANTAI_CHECK(kinds >= 1 && kinds <= model::kMaxKvKinds, "bad number of KV kinds " << kinds);
+  int64_t hs[kHandshake] = {kinds, block_size, static_cast<int64_t>(kv_dtype), fingerprint(m)};
+  for (int k = 0; k < kinds; ++k) hs[4 + k] = num_blocks[k];
+  comm.broadcast(hs, sizeof hs, 0, true);  // idle: the other ranks may still be loading
+  agree(comm, true, "model or options");
+}
+
+void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
+                  const std::vector<BlockCopy>& block_copies) {
+  Communicator& comm = m.backend()->communicator();
+  const AttentionParams& a = fb.attn[0];
+  const int kinds = fb.num_kv_kinds;
+  int64_t h[kHeader] = {kOpStep,
+                        fb.num_tokens,
+                        a.num_seqs,
+                        a.max_blocks_per_seq,
+                        static_cast<int64_t>(block_copies.size()),
+                        a.max_query_len,
+                        a.max_context_len,
+                        0,
+                        kinds};
+  h[7] = static_cast<int64_t>(payload_bytes(h));
+  comm.broadcast(h, sizeof h, 0);
+  std::vector<char> p(static_cast<size_t>(h[7]));
+  char* w = p.data();
+  auto put = [&](const void* src, size_t bytes) {
+    std::memcpy(w, src, bytes);
+    w += bytes;
+  };
+  const size_t n = fb.num_tokens, seqs = a.num_seqs;
+  for (int k = 0; k < kinds; ++k) put(fb.slot_mapping[k], n * sizeof(int64_t));
+  put(fb.token_ids, n * sizeof(int32_t));
+  put(fb.positions, n * sizeof(int32_t));
+  put(a.cu_seqlens_q, (seqs + 1) * sizeof(int32_t));
+  put(a.context_lens, seqs * sizeof(int32_t));
+  for (int k = 0; k < kinds; ++k) {
+    // Every kind shares the queries and the block-table width (ModelRunner::prepare).
+    FANTAI_CHECK(fb.attn[k].max_blocks_per_seq == a.max_blocks_per_seq,
+                 "KV kinds with different table widths");
+    put(fb.attn[k].block_tables, seqs * a.max_blocks_per_seq * sizeof(int32_t));
+  }
+  for (const BlockCopy& c : block_copies) {
+    const int32_t t[3] = {c.kind, c.src, c.dst};
+    put(t, sizeof t);
+  }
+  comm.broadcast(p.data(), static_cast<int64_t>(p.size()), 0);
+}
+
+void tp_send_stop(model::Model& m) {
+  int64_t h[kHeader] = {kOpStop, 0, 0, 0, 0, 0, 0, 0, 0};
+  m.backend()->communicator().broadcast(h, sizeof h, 0);
+}
+
+void run_tp_worker(const std::shared_ptr<model::Model>& m) {
+  Communicator& comm = m->backend()->communicator();
+  FANTAI_REQUIRE(comm.rank() > 0, "the worker loop is for tensor-parallel ranks > 0");
+  int64_t hs[kHandshake] = {};
+  comm.broadcast(hs, sizeof hs, 0, true);
+  agree(comm, hs[3] == fingerprint(*m), "model or options");
+  const std::vector<int32_t> windows = model::KVCache::kind_windows(m->config());
+  FANTAI_CHECK(hs[0] == static_cast<int64_t>(windows.size()),
+               "rank 0 has " << hs[0] << " KV kinds, this rank " << windows.size());
+  const std::vector<int32_t> num_blocks(hs + 4, hs + 4 + hs[0]);
+  model::KVCache cache(m->config(), num_blocks, static_cast<int32_t>(hs[1]), static_cast<DType>(hs[2]),
+                       m->backend());
+  std::string pools;
+  for (int32_t b : num_blocks) pools += (pools.empty() ? "" : " + ") + std::to_string(b);
+  FANTAI_LOG(kInfo, "tensor-parallel rank " << comm.rank() << " of " << comm.world_size() << ": KV pool "
+                                            << pools << " blocks, " << cache.bytes() / (1 << 20) << " MiB");
+  std::vector<char> p;
+  for (;;) {
+    int64_t h[kHeader];
+    comm.broadcast(h, sizeof h, 0, true);
+    if (h[0] == kOpStop) return;
+    FANTAI_CHECK(h[0] == kOpStep && h[7] == static_cast<int64_t>(payload_bytes(h)),
+                 "bad step header from rank 0");
+    p.resize(static_cast<size_t>(h[7]));
+    comm.broadcast(p.data(), h[7], 0);
+    const char* r = p.data();
+    auto take = [&](size_t bytes) {
+      const char* at = r;
+      r += bytes;
+      return at;
+    };
+    const size_t n = h[1], seqs = h[2];
+    const int kinds = static_cast<int>(h[8]);
+    FANTAI_CHECK(kinds == cache.num_kinds(), "bad KV kind count from rank 0");
+    model::ForwardBatch fb;
+    fb.num_tokens = static_cast<int32_t>(n);
+    fb.num_kv_kinds = kinds;
+    for (int k = 0; k < kinds; ++k)
+      fb.slot_mapping[k] = reinterpret_cast<const int64_t*>(take(n * sizeof(int64_t)));
+    fb.token_ids = reinterpret_cast<const int32_t*>(take(n * sizeof(int32_t)));
+    fb.positions = reinterpret_cast<const int32_t*>(take(n * sizeof(int32_t)));
+    const int32_t* cu_seqlens = reinterpret_cast<const int32_t*>(take((seqs + 1) * sizeof(int32_t)));
+    const int32_t* context_lens = reinterpret_cast<const int32_t*>(take(seqs * sizeof(int32_t)));
+    for (int k = 0; k < kinds; ++k) {
+      AttentionParams& a = fb.attn[k];
+      a.num_seqs = static_cast<int32_t>(seqs);
+      a.num_tokens = fb.num_tokens;
+      a.max_query_len = static_cast<int32_t>(h[5]);
+      a.max_context_len = static_cast<int32_t>(h[6]);
+      a.max_blocks_per_seq = static_cast<int32_t>(h[3]);
+      a.cu_seqlens_q = cu_seqlens;
+      a.context_lens = context_lens;
+      a.block_tables = reinterpret_cast<const int32_t*>(take(seqs * a.max_blocks_per_seq * sizeof(int32_t)));
+    }
+    const int32_t* copies = reinterpret_cast<const int32_t*>(take(3 * h[4] * sizeof(int32_t)));
+    for (int64_t i = 0; i < h[4]; ++i)
+      cache.copy_block(copies[3 * i], copies[3 * i + 1], copies[3 * i + 2], m->backend());
+    fb.num_logits = 0;  // the lm_head runs on rank 0 only
+    fb.logits_indices = nullptr;
+    m->forward(fb, cache, nullptr);
+  }
+}
+
+}  // namespace fantai::engine

@@ -1,0 +1,28 @@
+// engine: tensor parallelism across processes: rank 0 sends each step's batch, ranks > 0 run it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+
+namespace fantai::engine {
+
+// Rank 0, once the KV pool is sized: every rank makes the same pool (1/N of each block: its KV
+// heads) so block tables mean the same everywhere, and all ranks check they hold the same model
+// and options; a mismatch is refused on every rank.
+// num_blocks: one count per KV kind (KVCache::kind_windows order).
+void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks, int32_t block_size,
+                         DType kv_dtype);
+// Rank 0, each step before its forward: the batch's metadata and the step's block copies.
+void tp_send_step(model::Model& m, const model::ForwardBatch& fb, const std::vector<BlockCopy>& block_copies);
+// Rank 0: the ranks > 0 leave their loop (the engine is going away).
+void tp_send_stop(model::Model& m);
+// A rank > 0: handshake, then one forward per step on its share until rank 0 stops it. The
+// logits stay on rank 0 (the lm_head is replicated), so this rank stops at the last layer.
+void run_tp_worker(const std::shared_ptr<model::Model>& m);
+
+}  // namespace fantai::engine

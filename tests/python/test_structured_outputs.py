@@ -528,24 +528,52 @@ def test_provider_never_fails_a_step_for_one_row(compiler: Any) -> None:
     assert provider.live() == 0
 
 
-@pytest.mark.parametrize("parser_name", ["hermes", "llama3_json"])
-def test_strict_auto_grammar_allows_text_or_schema_calls(compiler: Any, parser_name: str) -> None:
+@pytest.fixture(scope="module")
+def mistral_compiler() -> Any:
+    """The default model's vocabulary plus [TOOL_CALLS] as a special token, as Mistral's has."""
+    import tokenizers
+    from fantai.model_files import default_model_path
+    from fantai.structured import GrammarCompiler
+    from fantai.tokenizer import Tokenizer
+
+    base = Tokenizer.from_model_path(default_model_path())
+    hf = tokenizers.Tokenizer.from_str(base.hf.to_str())
+    hf.add_special_tokens([tokenizers.AddedToken("[TOOL_CALLS]", special=True)])
+    tok = Tokenizer(hf, base.spec)
+    assert tok.token_to_id("[TOOL_CALLS]") == 49152
+    return tok, GrammarCompiler(tok, 49153)
+
+
+@pytest.mark.parametrize("parser_name", ["hermes", "llama3_json", "mistral", "mistral_special"])
+def test_strict_auto_grammar_allows_text_or_schema_calls(compiler: Any, mistral_compiler: Any,
+                                                         parser_name: str) -> None:
     from fantai.server.tool_parsers import get_parser
     from fantai.structured import GrammarSpec
 
-    tok, comp = compiler
+    special = parser_name == "mistral_special"
+    tok, comp = mistral_compiler if special else compiler
+    parser = get_parser("mistral" if special else parser_name)
     strict = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
-    grammar = get_parser(parser_name).auto_grammar([strict, TIME_TOOL])
+    grammar = parser.auto_grammar([strict, TIME_TOOL], True, tok.token_to_id)
     key = "parameters" if parser_name == "llama3_json" else "arguments"
 
     def call(name: str, args: dict[str, Any]) -> str:
         obj = json.dumps({"name": name, key: args})
-        return f"Let me check.<tool_call>\n{obj}\n</tool_call>" if parser_name == "hermes" else obj
+        if parser_name == "hermes":
+            return f"Let me check.<tool_call>\n{obj}\n</tool_call>"
+        return f"Let me check.[TOOL_CALLS][{obj}]" if parser_name.startswith("mistral") else obj
 
     def accepts(text: str) -> bool:
         m = comp.matcher(GrammarSpec("lark", grammar))
         return m.consume_tokens(tok.encode(text, add_special_tokens=False)) and m.is_accepting()
 
+    if parser_name.startswith("mistral"):
+        # what the grammar lets through, the parser reads back as the call
+        _, calls = parser.extract(call("get_time", {"tz": "UTC"}))
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {"tz": "UTC"})]
+        assert accepts("[TOOL_CALLS][" + ", ".join(
+            json.dumps({"name": "get_time", "arguments": {"tz": z}}) for z in ("UTC", "CET")) + "]")
+        assert not accepts("Let me check.[TOOL_CALLS]not a call list")
     assert accepts("It is sunny in Oslo.")
     assert accepts(call("get_weather", {"city": "Oslo", "unit": "celsius"}))
     assert not accepts(call("get_weather", {"city": "Oslo", "unit": "kelvin"}))  # strict

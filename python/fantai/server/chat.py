@@ -87,7 +87,8 @@ def plan_tools(ctx: ServerContext, tools: list[dict[str, Any]] | None,
     can_mask = grammars is not None and grammars.spells_every_byte()
     if choice in (None, "auto"):
         strict = can_mask and any(t.get("function", {}).get("strict") for t in tools)
-        grammar = parser.auto_grammar(tools, parallel is not False) if strict else None
+        grammar = (parser.auto_grammar(tools, parallel is not False, ctx.tokenizer.token_to_id)
+                   if strict else None)
         return ToolPlan(tools, True, "", grammar)
     name = None if choice == "required" else choice.function.name  # type: ignore[union-attr]
     known = {t["function"]["name"] for t in tools}

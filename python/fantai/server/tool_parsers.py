@@ -173,7 +173,8 @@ class ToolParser:
         parser's syntax, of `name` or of any tool, its arguments following the tool's schema."""
         raise NotImplementedError
 
-    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str | None:
         """tool_choice auto with `strict` functions: free text, or text then calls whose
         arguments follow the strict schemas. None: this syntax cannot say so (not enforced)."""
         return None
@@ -228,7 +229,8 @@ class HermesParser(ToolParser):
         call = 'call: "<tool_call>" WS? obj WS? "</tool_call>"'
         return "\n".join([start, call, *_call_object_rules(tools, name, "arguments")]) + "\n"
 
-    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str | None:
         # Text that never opens a call, or text up to the first <tool_call> (a lazy lexeme that
         # stops there), then calls. A greedy text lexeme could not give the marker back.
         more = ' (WS? "<tool_call>" call)*' if parallel else ""
@@ -281,7 +283,8 @@ class Llama3JsonParser(ToolParser):
         start = 'start: obj ("; " obj)*' if parallel else "start: obj"
         return "\n".join([start, *_call_object_rules(tools, name, "parameters")]) + "\n"
 
-    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True) -> str | None:
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str | None:
         # A reply is a call when it starts with "{": text is anything that does not.
         calls = 'obj ("; " obj)*' if parallel else "obj"
         return "\n".join([f"start: TEXT | {calls}",
@@ -332,6 +335,25 @@ class MistralParser(ToolParser):
         items = 'obj (", " obj)*' if parallel else "obj"
         start = f'start: {marker} "[" {items} "]"'
         return "\n".join([start, *_call_object_rules(tools, name, "arguments")]) + "\n"
+
+    def auto_grammar(self, tools: list[dict[str, Any]], parallel: bool = True,
+                     token_id: Callable[[str], int | None] | None = None) -> str | None:
+        items = 'obj (", " obj)*' if parallel else "obj"
+        rules = _call_object_rules(tools, None, "arguments", strict_only=True)
+        tid = token_id("[TOOL_CALLS]") if token_id is not None else None
+        if tid is not None:
+            # The marker is a special token, which no text lexeme can write: text is free, and
+            # the token (named by id) opens the calls.
+            return "\n".join([f'start: TEXT | TEXT? <[{tid}]> "[" {items} "]"', "TEXT: /(?s:.+)/",
+                              *rules]) + "\n"
+        # The marker spelled as text: text that never writes it, or one lexeme of text ending at
+        # its first marker, then the calls. (A lazy lexeme stopping at the marker drops the rest
+        # of the token that completes it, and "][" is one token in common vocabularies.)
+        return "\n".join([
+            f'start: TEXT | OPEN "[" {items} "]"',
+            "TEXT: /(?s:.+)/ & ~/(?s:.*)\\[TOOL_CALLS\\](?s:.*)/",
+            "OPEN: /(?s:.*)\\[TOOL_CALLS\\]/ & ~/(?s:.*)\\[TOOL_CALLS\\](?s:.+)/",
+            *rules]) + "\n"
 
 
 PARSERS: dict[str, type[ToolParser]] = {

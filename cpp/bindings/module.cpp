@@ -345,6 +345,8 @@ void bind_config(py::module_& m) {
       .def_readonly("sliding_window", &ModelConfig::sliding_window)
       .def_readonly("layer_window", &ModelConfig::layer_window)
       .def_readonly("attn_logit_softcap", &ModelConfig::attn_logit_softcap)
+      .def_readonly("final_logit_softcap", &ModelConfig::final_logit_softcap)
+      .def_readonly("query_pre_attn_scalar", &ModelConfig::query_pre_attn_scalar)
       .def("summary", &ModelConfig::summary);
 
   py::class_<SamplingParams>(m, "SamplingParams")

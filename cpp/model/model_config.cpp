@@ -111,8 +111,12 @@ void parse_family(const json& j, ModelConfig& c) {
   if (gemma) {
     // transformers: torch.tensor(hidden_size ** 0.5), a double rounded once to f32.
     c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
-    c.query_pre_attn_scalar = get_or<float>(j, "query_pre_attn_scalar", static_cast<float>(c.head_dim));
-    c.final_logit_softcap = get_or<float>(j, "final_logit_softcapping", 0.0f);
+    c.query_pre_attn_scalar = get_or<float>(j, "query_pre_attn_scalar", 256.0f);  // the classes' default
+    // Absent: the class default (Gemma 2: 30, Gemma 3: none); an explicit null: none.
+    const auto cap = j.find("final_logit_softcapping");
+    c.final_logit_softcap = cap == j.end()   ? (a == "Gemma2ForCausalLM" ? 30.0f : 0.0f)
+                            : cap->is_null() ? 0.0f
+                                             : cap->get<float>();
   }
 }
 

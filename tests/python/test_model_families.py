@@ -14,6 +14,7 @@ import pytest
 from fantai import LLM, SamplingParams
 from fantai.chat import ChatTemplateError
 from fantai.tokenizer import Tokenizer
+from tiny_gguf import gguf_writer
 from tiny_models import build_tiny_model, hf_greedy, hf_model, random_prompts, save_word_tokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -159,27 +160,19 @@ def write_family_gguf(model, path: Path, arch: str, quant: str = "F32") -> None:
     import numpy as np
 
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), _GGUF_ARCH[arch])
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_uint32("general.file_type", 0)
     rope = cfg.rope_parameters
     if arch == "gemma3":
         rope = rope["full_attention"]
+    w = gguf_writer(path, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size,
+                    cfg.num_attention_heads, cfg.num_key_value_heads, arch=_GGUF_ARCH[arch],
+                    context=cfg.max_position_embeddings, rope_base=rope["rope_theta"], rms_eps=cfg.rms_norm_eps)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_uint32("general.file_type", 0)
+    if arch == "gemma3":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope.get("factor", 1.0))
-    w.add_rope_freq_base(rope["rope_theta"])
     if arch.startswith("gemma"):
         w.add_sliding_window(cfg.sliding_window)
         if getattr(cfg, "attn_logit_softcapping", None):
@@ -194,11 +187,6 @@ def write_family_gguf(model, path: Path, arch: str, quant: str = "F32") -> None:
         w.add_rope_scaling_attn_factors(float(attn))
         w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(cfg.vocab_size)])
-    w.add_token_types([1] * cfg.vocab_size)
-    w.add_token_merges([])
     qtype = getattr(gguf.GGMLQuantizationType, quant)
     for hf, t in model.state_dict().items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -219,11 +207,13 @@ def write_family_gguf(model, path: Path, arch: str, quant: str = "F32") -> None:
 
 GGUF_FAMILIES = {
     "qwen3": dict(arch="qwen3", heads=4, kv_heads=2, head_dim=32, use_sliding_window=False),
-    # GGUF has no query_pre_attn_scalar: llama.cpp takes head_dim, as Gemma 2 2B / 9B have
+    # GGUF has no query_pre_attn_scalar: llama.cpp takes head_dim, as Gemma 2 2B / 9B have. A
+    # 16-token window (the 37-token prompt and its generation pass it) and soft-capped scores.
     "gemma2": dict(arch="gemma2", heads=4, kv_heads=2, head_dim=16, query_pre_attn_scalar=16,
-                   final_logit_softcapping=3.0, attn_logit_softcapping=None, tie=True),
+                   final_logit_softcapping=3.0, attn_logit_softcapping=2.0, sliding_window=16, tie=True),
     # six layers: llama.cpp's fixed Gemma 3 pattern (five sliding, one full) and local base 10000
     "gemma3": dict(arch="gemma3", heads=4, kv_heads=1, head_dim=32, query_pre_attn_scalar=32, layers=6,
+                   sliding_window=16,
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                     "full_attention": {"rope_type": "linear", "factor": 8.0,
                                                        "rope_theta": 1000000.0}}),
@@ -261,3 +251,28 @@ def test_family_gguf_gives_transformers_tokens(tmp_path: Path, family: str, monk
     np.testing.assert_allclose(lq, ld, atol=1e-4 * float(ld.std()) + 1e-5, rtol=1e-4)
     got = [o.outputs[0].token_ids for o in quant.generate(prompts, params, use_tqdm=False)]
     assert got == [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("model_type,arch", [("gemma2", "Gemma2ForCausalLM"), ("gemma3_text", "Gemma3ForCausalLM")])
+def test_gemma_defaults_as_transformers_decides(model_type: str, arch: str) -> None:
+    """A config.json that leaves the caps and the query scale out gets the class defaults (Gemma 2:
+    scores capped at 50, logits at 30; both scale by 256 ** -0.5), and one written by transformers
+    the same values; an explicit null turns a cap off."""
+    import json
+
+    from fantai import _C
+    from transformers import AutoConfig
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    hf = AutoConfig.for_model(model_type, **base)
+    saved = json.loads(hf.to_json_string())
+    raw = dict(model_type=model_type, architectures=[arch], **base)
+    for text in (json.dumps(saved | {"architectures": [arch]}), json.dumps(raw)):
+        ours = _C.ModelConfig.from_json(text)
+        assert ours.final_logit_softcap == (hf.final_logit_softcapping or 0.0)
+        assert ours.attn_logit_softcap == (hf.attn_logit_softcapping or 0.0)
+        assert ours.query_pre_attn_scalar == hf.query_pre_attn_scalar
+    off = _C.ModelConfig.from_json(json.dumps(raw | dict(final_logit_softcapping=None,
+                                                          attn_logit_softcapping=None)))
+    assert off.final_logit_softcap == 0.0 and off.attn_logit_softcap == 0.0

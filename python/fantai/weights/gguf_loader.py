@@ -264,10 +264,14 @@ class GGUFModel:
                                             else cfg["head_dim"])
             if window is not None:
                 cfg["sliding_window"] = int(window)
-            cap = self._arch_value("attention.logit_softcapping")
-            cfg["attn_logit_softcapping"] = None if cap is None else _clean_float(cap)
+            # gguf-py's key is {arch}.attn_logit_softcapping; absent, Gemma 2's default 50 holds
+            # (as in llama.cpp), so the key is left out rather than written as "no cap".
+            cap = self._arch_value("attn_logit_softcapping")
+            if cap is not None:
+                cfg["attn_logit_softcapping"] = _clean_float(cap)
             final = self._arch_value("final_logit_softcapping")
-            cfg["final_logit_softcapping"] = None if final is None else _clean_float(final)
+            if final is not None:
+                cfg["final_logit_softcapping"] = _clean_float(final)
             if self.arch == "gemma3":
                 cfg["rope_local_base_freq"] = 10000.0  # llama.cpp's fixed base of the sliding layers
         if self.arch == "phi3":

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tiny_gguf import gguf_writer
 
 EDGE_U64 = [0, 1, 2**31, 2**32 - 1, 2**32, 2**62, 2**63 - 1, 2**63, 2**64 - 1]
 
@@ -31,23 +32,7 @@ def seed_gguf(path: Path) -> None:
 
     rng = np.random.default_rng(0)
     hidden, inter, vocab, layers = 64, 96, 40, 2
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(layers)
-    w.add_context_length(128)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(inter)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)])
-    w.add_token_types([1] * vocab)
-    w.add_token_merges([])
+    w = gguf_writer(path, hidden, inter, layers, vocab, heads=4, kv_heads=2, context=128)
     Q = gguf.GGMLQuantizationType
     r = lambda *s: (0.05 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
     w.add_tensor("token_embd.weight", gguf.quants.quantize(r(vocab, hidden), Q.Q8_0), raw_dtype=Q.Q8_0)

@@ -17,6 +17,7 @@ import pytest
 from fantai import _C
 from fantai.weights import gptq_awq as ga
 from fantai.weights.gguf_loader import unpermute_qk, unpermute_qk_rows
+from tiny_gguf import gguf_writer
 from quant_reference import (
     BF16,
     BLOCK,
@@ -771,26 +772,7 @@ _WEIGHT_MAGNITUDE = {Q5_0: 0.004, Q5_1: 0.003, Q8_0: 0.0006, Q4_K: 0.0003, Q2_K:
 
 def _gguf_header(path: Path, hidden: int, inter: int, layers: int, vocab: int, heads: int = 9, kv_heads: int = 3):
     """A llama GGUFWriter with every key but the tensors: a tiny byte-level vocabulary."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(layers)
-    w.add_context_length(256)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(inter)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)])
-    w.add_token_types([1] * vocab)
-    w.add_token_merges([])
-    return w
+    return gguf_writer(path, hidden, inter, layers, vocab, heads, kv_heads)
 
 
 def _new_types_gguf(path: Path) -> None:

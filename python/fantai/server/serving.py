@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from fantai.exceptions import EngineDeadError, RequestTimeoutError
 from fantai.outputs import Logprob, RequestOutput
 from fantai.sampling_params import SamplingParams
-from fantai.server.errors import APIError
+from fantai.server.errors import APIError, stream_error
 from fantai.server.state import ServerContext
 
 T = TypeVar("T")
@@ -74,6 +75,18 @@ async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncGenerator[Reque
     except ValueError as exc:
         final_seen = True  # refused before it started: nothing to abort
         raise APIError(str(exc)) from None
+    except RequestTimeoutError as exc:  # already aborted in the engine (its KV blocks freed)
+        final_seen = True
+        ctx.metrics.finished["timeout"] = ctx.metrics.finished.get("timeout", 0) + call.params.n
+        raise APIError(f"Request timed out: {exc}.", status=504, code="request_timeout") from None
+    except EngineDeadError as exc:  # every request fails; the server exits to be restarted
+        final_seen = True
+        if not exc.in_flight:
+            raise APIError(f"The engine has failed ({exc}) and this server is restarting; retry "
+                           "shortly.", status=503, code="engine_failed") from None
+        ctx.metrics.finished["engine_failed"] = ctx.metrics.finished.get("engine_failed", 0) + call.params.n
+        raise APIError(f"The engine failed while serving this request ({exc}); this server is "
+                       "restarting.", status=500, code="engine_failed") from None
     except RuntimeError as exc:  # e.g. the engine is shutting down
         final_seen = True
         raise APIError(f"The engine cannot take this request: {exc}", status=503) from None
@@ -164,13 +177,15 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def primed(request: Request, stream: AsyncIterator[T]) -> AsyncIterator[T]:
-    """Pull the first item now, so errors become a JSON 4xx before any SSE header is sent."""
+async def primed(request: Request, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Pull the first item now, so errors become a JSON 4xx before any SSE header is sent; an
+    error after that (a request timeout, an engine failure) ends the stream with the API's error
+    event (errors.stream_error)."""
     try:
         first = await until_disconnect(request, stream.__anext__())
     except StopAsyncIteration:
         return _empty()
-    return _chain(first, stream)
+    return _chain(first, stream, request.url.path)
 
 
 async def _empty() -> AsyncIterator[Any]:
@@ -178,11 +193,14 @@ async def _empty() -> AsyncIterator[Any]:
     yield
 
 
-async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+async def _chain(first: str, rest: AsyncIterator[str], path: str) -> AsyncIterator[str]:
     try:
         yield first
-        async for item in rest:
-            yield item
+        try:
+            async for item in rest:
+                yield item
+        except APIError as exc:
+            yield stream_error(path, exc)
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
 

@@ -15,10 +15,13 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from fantai.exceptions import EngineDeadError, RequestTimeoutError
-from fantai.outputs import Logprob, RequestOutput
+from fantai.outputs import CompletionOutput, Logprob, RequestOutput
 from fantai.sampling_params import SamplingParams
+from fantai.server.chat import ToolPlan
 from fantai.server.errors import APIError, stream_error
+from fantai.server.reasoning import StreamingReasoning
 from fantai.server.state import ServerContext
+from fantai.server.tool_parsers import StreamingToolParser, ToolCallDelta
 
 T = TypeVar("T")
 
@@ -143,6 +146,45 @@ async def generate(ctx: ServerContext, calls: list[EngineCall]
     async with aclosing(_merged(ctx, calls)) as merged:
         async for item in merged:
             yield item
+
+
+@dataclass(slots=True)
+class StreamEnd:
+    """What a stream_deltas run leaves behind: the final output and whether a tool was called."""
+
+    comp: CompletionOutput | None = None
+    called: bool = False
+
+
+async def stream_deltas(ctx: ServerContext, call: EngineCall, plan: ToolPlan, end: StreamEnd
+                        ) -> AsyncGenerator[tuple[str, Any], None]:
+    """One chat stream as deltas, for the APIs that frame them their own way (/v1/messages,
+    /v1/responses): ("reasoning", text) with a reasoning parser, ("text", piece) of the answer,
+    ("tool", ToolCallDelta) with a tool parser. `end` holds the final output once it returns."""
+    parser = ctx.tool_parser if plan.parse else None
+    tools = StreamingToolParser(parser, plan.prefix) if parser else None
+    thinking = StreamingReasoning(ctx.reasoning_parser) if ctx.reasoning_parser else None
+    sent = 0
+    async with aclosing(generate(ctx, [call])) as outs:
+        async for _, out in outs:
+            comp = end.comp = out.outputs[0]
+            text = comp.text
+            if thinking is not None:
+                rd = thinking.feed(comp.text, final=bool(comp.finish_reason))
+                if rd.reasoning:
+                    yield "reasoning", rd.reasoning
+                text = rd.content
+            if tools is None:
+                piece, calls = text[sent:], list[ToolCallDelta]()
+                sent = len(text)
+            else:
+                step = tools.finish(text) if comp.finish_reason else tools.feed(text)
+                piece, calls = step.content, step.calls
+            if piece:
+                yield "text", piece
+            for c in calls:
+                yield "tool", c
+    end.called = tools is not None and tools.called
 
 
 async def collect(ctx: ServerContext, calls: list[EngineCall]) -> list[RequestOutput]:

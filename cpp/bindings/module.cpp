@@ -503,6 +503,7 @@ void bind_engine(py::module_& m) {
       .def("wait_outputs", &EngineLoop::wait_outputs, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const EngineLoop& l) { return stats_dict(l.stats()); })
       .def("last_error", &EngineLoop::last_error)
+      .def("fault", &EngineLoop::fault)
       .def("snapshot",
            [](EngineLoop& l) -> py::object {
              std::shared_ptr<const engine::EngineSnapshot> s = l.snapshot();

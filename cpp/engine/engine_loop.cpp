@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <stdexcept>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -12,6 +14,24 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// min_tokens bans EOS (unless ignore_eos) and the stop tokens until then: a request whose bans
+// cover the whole vocabulary could never sample its first token. Refused here, a clean 400,
+// rather than failing a step later (which would abort the whole batch).
+void require_sampleable(const sampling::SamplingParams& p, const std::vector<int32_t>& eos, int32_t vocab) {
+  if (p.min_tokens <= 0) return;
+  std::vector<bool> banned(static_cast<size_t>(vocab), false);
+  int32_t n = 0;
+  auto ban = [&](int32_t t) {
+    if (t >= 0 && t < vocab && !banned[t]) banned[t] = true, ++n;
+  };
+  for (int32_t t : p.stop_token_ids) ban(t);
+  if (!p.ignore_eos) {
+    for (int32_t t : eos) ban(t);
+  }
+  FANTAI_REQUIRE(n < vocab,
+                 "min_tokens with these stop_token_ids (and EOS) bans every token of the vocabulary");
 }
 
 }  // namespace
@@ -27,6 +47,15 @@ void EngineLoop::start() {
   if (running_) return;
   stop_ = false;
   running_ = true;
+  // Test hook, read once: FANTAI_FAULT_AFTER_STEPS=N makes step N+1 fail as an engine fault.
+  if (const char* v = std::getenv("FANTAI_FAULT_AFTER_STEPS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (end != nullptr && *end == '\0' && n >= 0) {
+      fault_after_steps_ = n;
+      FANTAI_LOG(kWarning, "test hook FANTAI_FAULT_AFTER_STEPS=" << n << ": step " << n + 1 << " will fail");
+    }
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -46,9 +75,16 @@ void EngineLoop::stop() {
 void EngineLoop::add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
                              const std::vector<std::pair<uint64_t, sampling::SamplingParams>>& siblings) {
   engine_->validate_request(prompt, params);  // reads config only: safe from any thread
-  for (const auto& sib : siblings) sib.second.validate(engine_->model_config().vocab_size);
+  const int32_t vocab = engine_->model_config().vocab_size;
+  const std::vector<int32_t>& eos = engine_->config().eos_token_ids;
+  require_sampleable(params, eos, vocab);
+  for (const auto& sib : siblings) {
+    sib.second.validate(vocab);
+    require_sampleable(sib.second, eos, vocab);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!fault_.empty()) throw std::runtime_error("the engine has failed: " + fault_);
     inbox_.push_back({id, std::move(prompt), params, siblings});
   }
   work_cv_.notify_one();
@@ -85,7 +121,8 @@ void EngineLoop::abort_request(uint64_t id) {
 
 std::vector<StepOutput> EngineLoop::wait_outputs(int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  out_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return !outbox_.empty() || stop_; });
+  out_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                   [this] { return !outbox_.empty() || stop_ || !fault_.empty(); });
   std::vector<StepOutput> out;
   out.swap(outbox_);
   return out;
@@ -99,6 +136,31 @@ EngineStats EngineLoop::stats() const {
 std::string EngineLoop::last_error() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_error_;
+}
+
+std::string EngineLoop::fault() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fault_;
+}
+
+// Called on the loop thread with mu_ held: the fault is published before the aborts it causes,
+// so whoever sees those aborts in wait_outputs also sees fault().
+void EngineLoop::fail(const std::string& why) {
+  FANTAI_LOG(kError, "engine fault, the engine stops; every request is aborted: " << why);
+  fault_ = why.empty() ? std::string("unknown engine fault") : why;
+  last_error_ = fault_;
+  for (const Pending& p : inbox_) {
+    abort_ids({p.id});
+    for (const auto& sib : p.siblings) abort_ids({sib.first});
+  }
+  inbox_.clear();
+  aborts_.clear();
+  try {
+    abort_ids(engine_->abort_all());
+  } catch (const std::exception& e) {  // the engine is broken: the callers learn it from fault()
+    FANTAI_LOG(kError, "aborting after the fault failed too: " << e.what());
+  }
+  out_cv_.notify_all();
 }
 
 // Called with mu_ held.
@@ -166,15 +228,31 @@ void EngineLoop::run() {
     lock.unlock();  // the step runs without the lock so producers never wait on the model
     std::vector<StepOutput> outs;
     std::string error;
+    bool fatal = false;
     try {
+      if (fault_after_steps_ >= 0 && steps_run_ >= fault_after_steps_) {
+        throw std::runtime_error("injected engine fault (test hook FANTAI_FAULT_AFTER_STEPS=" +
+                                 std::to_string(fault_after_steps_) + ")");
+      }
       outs = engine_->step();
+      ++steps_run_;
+    } catch (const InvalidArgument& e) {
+      error = e.what();  // the input of a request in the batch: not the engine's fault
     } catch (const std::exception& e) {
       error = e.what();
+      fatal = true;
+    } catch (...) {
+      error = "a step threw a non-standard exception";
+      fatal = true;
     }
     lock.lock();
+    if (fatal) {
+      fail(error);
+      break;
+    }
     if (!error.empty()) {
       // The batch can't be retried blindly (it would fail again): abort it and keep serving.
-      FANTAI_LOG(kError, "engine step failed, aborting its requests: " << error);
+      FANTAI_LOG(kError, "engine step failed on a request's input, aborting its batch: " << error);
       last_error_ = error;
       abort_ids(engine_->abort_all());
     }
@@ -186,8 +264,10 @@ void EngineLoop::run() {
   // Shutting down: abort everything still queued or running so nothing leaks.
   for (const Pending& p : inbox_) abort_ids({p.id});
   inbox_.clear();
-  abort_ids(engine_->abort_all());
-  stats_ = engine_->stats();
+  if (fault_.empty()) {
+    abort_ids(engine_->abort_all());
+    stats_ = engine_->stats();
+  }
   out_cv_.notify_all();
 }
 

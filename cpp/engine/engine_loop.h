@@ -32,11 +32,14 @@ class EngineLoop {
   explicit EngineLoop(std::shared_ptr<Engine> engine);
   ~EngineLoop();
 
+  // Starts the loop thread. Reads the test hook FANTAI_FAULT_AFTER_STEPS=N once here: after N
+  // steps the next one fails as an engine fault would (tests of the server's crash handling).
   void start();
   // Stops the thread after the current step; unfinished requests are aborted.
   void stop();
 
-  // Validates synchronously (throws InvalidArgument) and queues the request.
+  // Validates synchronously (throws InvalidArgument) and queues the request. Throws
+  // std::runtime_error once the loop has failed (see fault()).
   void add_request(uint64_t id, std::vector<int32_t> prompt, const sampling::SamplingParams& params,
                    const std::vector<std::pair<uint64_t, sampling::SamplingParams>>& siblings = {});
   void reset_prefix_cache();
@@ -50,8 +53,15 @@ class EngineLoop {
   EngineStats stats() const;
   // mincore over the pool: read-only, safe beside the loop thread.
   size_t kv_resident_bytes() const { return engine_->kv_resident_bytes(); }
-  // Error text of a step that threw (the loop aborts that step's requests and keeps serving).
+  // Error text of the last step or request that threw.
   std::string last_error() const;
+  // Empty while the loop is healthy; else why it failed. A step that throws InvalidArgument
+  // (bad input that got past validation, e.g. a request whose bans leave no token to sample)
+  // aborts that step's requests and the loop keeps serving. Any other exception from a step is
+  // an engine fault: every request is aborted, the thread ends, and add_request refuses from
+  // then on. The engine's state after a fault is unknown, so nothing is retried; the process
+  // is expected to exit (the server does, non-zero) and be restarted.
+  std::string fault() const;
 
   // ---- observing (the dashboard) ---------------------------------------------------------
   // The latest snapshot the loop thread published (nullptr before the first). Calling it
@@ -89,7 +99,11 @@ class EngineLoop {
   bool running_ = false;
   bool reset_cache_ = false, release_now_ = false;
   double idle_release_seconds_ = 0.0;
-  bool dirty_ = false;  // work ran since the last release
+  bool dirty_ = false;              // work ran since the last release
+  std::string fault_;               // set once, by the loop thread, when a step fails as an engine fault
+  int64_t fault_after_steps_ = -1;  // FANTAI_FAULT_AFTER_STEPS (test hook); -1: off
+  int64_t steps_run_ = 0;
+  void fail(const std::string& why);  // with mu_ held
 
   // Observing; all guarded by mu_. The loop thread builds snapshots (it owns the engine).
   void observe_step(const std::vector<StepOutput>& outs);

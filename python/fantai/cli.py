@@ -212,8 +212,7 @@ def serve_command(args: argparse.Namespace) -> int:
                           max_waiting_requests=args.max_waiting_requests)
     listen = ListenOptions(host=args.host, port=args.port, log_level=args.log_level,
                            access_log=not args.disable_log_requests, shutdown_timeout=args.shutdown_timeout)
-    run(engine_args, config, listen, started_at=_T0)
-    return 0
+    return run(engine_args, config, listen, started_at=_T0)  # non-zero after an engine fault
 
 
 def main(argv: list[str] | None = None) -> int:

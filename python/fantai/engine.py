@@ -12,6 +12,7 @@ from typing import Any
 from fantai import _C
 from fantai.config import CoreHolder
 from fantai.engine_args import AsyncEngineArgs, EngineArgs, engine_args_from
+from fantai.exceptions import EngineDeadError, RequestTimeoutError
 from fantai.outputs import RequestOutput
 from fantai.requests import RequestState
 from fantai.sampling_params import SamplingParams
@@ -35,6 +36,8 @@ class AsyncEngine(CoreHolder):
         self._by_request: dict[str, RequestState] = {}
         self._lock = threading.Lock()
         self._running = True
+        self.request_timeout = options.request_timeout  # seconds from arrival; 0: none
+        self.fault: str | None = None  # why the engine failed, once it has
         self._loop.start()
         self._dispatcher = threading.Thread(target=self._dispatch_forever, name="fantai-dispatch", daemon=True)
         self._dispatcher.start()
@@ -83,15 +86,28 @@ class AsyncEngine(CoreHolder):
         queue: asyncio.Queue[None] = asyncio.Queue()
         core = state.core_requests(self.max_model_len)
         spec = structured_spec(params)
+        if self.fault is not None:
+            raise EngineDeadError(self.fault, in_flight=False)
         if spec is not None:
             await self.prepare_structured(params)  # a first compile runs beside the event loop
             self.grammars.register([cid for cid, _ in core], spec)  # ValueError: bad grammar
+        timer = None
         self._submit(state, core, queue)  # releases the matchers if it fails
         try:
+            if self.request_timeout > 0:
+                # One timer per request (not a wait_for per output): it aborts the request in the
+                # engine, which frees its KV blocks, and wakes this generator to raise.
+                timer = asyncio.get_running_loop().call_later(self.request_timeout, self._expire,
+                                                              state, queue)
             while True:
                 await queue.get()
                 while not queue.empty():
                     queue.get_nowait()
+                if state.timed_out:  # set only while unfinished; its abort may have landed since
+                    raise RequestTimeoutError(f"the request ran longer than the server's request "
+                                              f"timeout of {self.request_timeout:g} s")
+                if self.fault is not None and not state.result.finished:
+                    raise EngineDeadError(self.fault)
                 # Read before yielding: the request may finish while the caller holds the
                 # output, and the finished state must still be yielded once more then.
                 finished = state.result.finished
@@ -99,7 +115,9 @@ class AsyncEngine(CoreHolder):
                 if finished:
                     return
         finally:
-            if not state.result.finished:
+            if timer is not None:
+                timer.cancel()
+            if not state.result.finished and self.fault is None:
                 self._abort_state(state)
             self._forget(state, core)
 
@@ -117,6 +135,29 @@ class AsyncEngine(CoreHolder):
         self._dispatcher.join(timeout=5)
 
     # ---- internals -------------------------------------------------------------------------
+    def _expire(self, state: RequestState, queue: asyncio.Queue[None]) -> None:
+        """Runs on the event loop when a request's timeout is up."""
+        if state.result.finished:
+            return
+        state.timed_out = True
+        logger.warning("request %s: timed out after %g s, aborted", state.request_id, self.request_timeout)
+        self._abort_state(state)
+        queue.put_nowait(None)
+
+    def _fail(self, why: str) -> None:
+        """The engine failed: every waiting generator raises EngineDeadError."""
+        if self.fault is not None:
+            return
+        self.fault = why
+        logger.error("engine failed: %s", why)
+        with self._lock:
+            owners = list(self._owner.values())
+        for _, _, queue, loop in owners:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+            except RuntimeError:  # the event loop is closed
+                pass
+
     def _submit(self, state: RequestState, core: list[tuple[int, _C.SamplingParams]],
                 queue: asyncio.Queue[None]) -> None:
         if not self._running:
@@ -149,21 +190,36 @@ class AsyncEngine(CoreHolder):
                 del self._by_request[state.request_id]
 
     def _dispatch_forever(self) -> None:
+        try:
+            self._dispatch()
+        except BaseException as exc:  # noqa: BLE001  (nothing would hand outputs on any more)
+            self._fail(f"the output dispatcher died: {type(exc).__name__}: {exc}")
+            raise
+
+    def _dispatch(self) -> None:
         while self._running:
             outs = self._loop.wait_outputs(200)  # blocks in C++ without the GIL
-            if not outs:
-                continue
-            by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-            with self._lock:
-                for out in outs:
-                    entry = self._owner.get(out.request_id)
-                    if entry is not None:
-                        by_loop.setdefault(entry[3], []).append((entry, out))
-            for loop, items in by_loop.items():
-                try:
-                    loop.call_soon_threadsafe(self._deliver, items)
-                except RuntimeError:  # the event loop is closed
-                    pass
+            fault = self._loop.fault()  # published before the aborts it caused
+            if fault:  # those aborts are not answers: the generators raise instead
+                outs = [o for o in outs if not (o.finished and o.finish_reason == "abort")]
+            if outs:
+                self._hand_on(outs)
+            if fault:
+                self._fail(fault)
+                return
+
+    def _hand_on(self, outs: list[Any]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        with self._lock:
+            for out in outs:
+                entry = self._owner.get(out.request_id)
+                if entry is not None:
+                    by_loop.setdefault(entry[3], []).append((entry, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._deliver, items)
+            except RuntimeError:  # the event loop is closed
+                pass
 
     def _deliver(self, items: list[Any]) -> None:
         """Runs on the event loop: detokenize, apply stop strings, wake the generators."""

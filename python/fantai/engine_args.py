@@ -258,6 +258,11 @@ class AsyncEngineArgs(EngineArgs):
     idle_release_seconds: float = _option(
         10.0, "after this long without work, give unused KV memory back to the OS "
               "(0: never; default: %(default)s)", check=_non_negative_float, parse=float, metavar="SECONDS")
+    request_timeout: float = _option(
+        0.0, "abort a request that has not finished this many seconds after it reached the engine "
+             "(queueing included) and free its KV blocks; the client gets a 504 error, or an error "
+             "event on a stream (0: no limit; default: %(default)s)",
+        check=_non_negative_float, parse=float, metavar="SECONDS")
 
 
 def engine_args_from(cls: type[EngineArgs], model: str | None, engine_args: EngineArgs | None,

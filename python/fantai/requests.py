@@ -55,6 +55,7 @@ class RequestState:
     tokenizer: Tokenizer
     result: RequestOutput
     children: list[_Child] = field(default_factory=list)
+    timed_out: bool = False  # the server's request timeout aborted it (AsyncEngine._expire)
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -221,6 +222,30 @@ def start_server(args: list[str], log_path: Path, timeout: float = 300.0,
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"server did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
+
+
+@contextlib.contextmanager
+def scripted_server(tmp_path_factory: object, name: str, args: list[str],
+                    env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A `fantai serve` of a fresh scripted model with ARGS (module fixtures: build, start, stop
+    and check the exit status 0)."""
+    model = build_scripted_model(tmp_path_factory.mktemp(f"{name}_model"))  # type: ignore[attr-defined]
+    log = tmp_path_factory.mktemp(f"{name}_logs") / "server.log"  # type: ignore[attr-defined]
+    proc = start_server([str(model), *args], log, env=env)
+    try:
+        yield proc
+    except BaseException:
+        proc.stop(signal.SIGKILL)
+        raise
+    assert proc.stop() == 0, proc.log()[-3000:]
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of process `pid` (VmRSS), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def wait_healthy(base_url: str, timeout: float = 60.0) -> None:

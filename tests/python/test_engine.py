@@ -121,3 +121,76 @@ def test_kv_utilization_is_exact(model_dir: Path) -> None:
     assert stats["kv_utilization"] == pytest.approx(24 / 48)
     while model.engine.has_unfinished():
         model.engine.step()
+
+
+def test_async_engine_fault_fails_every_request_and_refuses_new_ones(model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test hook makes step 6 an engine fault: every waiting generator raises EngineDeadError
+    at once (none hangs), and so does any later request, before it reaches the engine."""
+    import asyncio
+
+    from fantai.engine import AsyncEngine
+    from fantai.exceptions import EngineDeadError
+
+    monkeypatch.setenv("FANTAI_FAULT_AFTER_STEPS", "5")
+    engine = AsyncEngine(str(model_dir), dtype="float32", num_kv_blocks=64)
+    monkeypatch.delenv("FANTAI_FAULT_AFTER_STEPS")  # read once, when the loop starts
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
+    async def one(i: int) -> tuple[int, str, bool]:
+        n = 0
+        try:
+            async for out in engine.generate([5, 6, 7 + i], params, f"r{i}"):
+                n = len(out.outputs[0].token_ids)
+        except EngineDeadError as exc:
+            return n, str(exc), exc.in_flight
+        return n, "finished", False
+
+    async def run() -> tuple[list[tuple[int, str, bool]], EngineDeadError]:
+        results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(3))), 30)
+        with pytest.raises(EngineDeadError) as late:
+            async for _ in engine.generate([5, 6], params, "late"):
+                pass
+        return results, late.value
+
+    try:
+        results, late = asyncio.run(run())
+    finally:
+        engine.shutdown()
+    assert all(n <= 5 and "injected engine fault" in why and in_flight for n, why, in_flight in results), results
+    assert not late.in_flight and engine.fault is not None and "FANTAI_FAULT_AFTER_STEPS=5" in engine.fault
+
+
+def test_async_engine_request_timeout_aborts_and_frees_blocks(model_dir: Path) -> None:
+    import asyncio
+    import time
+
+    from fantai.engine import AsyncEngine
+    from fantai.exceptions import RequestTimeoutError
+
+    # 1,000 tokens take far longer than 5 ms here; the timer fires while the request decodes.
+    engine = AsyncEngine(str(model_dir), dtype="float32", num_kv_blocks=64, request_timeout=0.005)
+
+    async def run() -> int:
+        n = 0
+        with pytest.raises(RequestTimeoutError, match="0.005 s"):
+            async for out in engine.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=1000,
+                                                                       ignore_eos=True), "slow"):
+                n = len(out.outputs[0].token_ids)
+        engine.request_timeout = 30.0  # read per request
+        async for out in engine.generate([5, 6], SamplingParams(temperature=0.0, max_tokens=2), "quick"):
+            pass
+        assert out.finished and len(out.outputs[0].token_ids) == 2
+        return n
+
+    try:
+        assert asyncio.run(run()) < 1000
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            stats = engine.stats()
+            if stats["num_free_blocks"] == stats["num_total_blocks"] and stats["num_running"] == 0:
+                break
+            time.sleep(0.01)
+        assert stats["num_free_blocks"] == stats["num_total_blocks"] and stats["num_running"] == 0, stats
+    finally:
+        engine.shutdown()

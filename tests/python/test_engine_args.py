@@ -89,6 +89,27 @@ def test_cli_round_trips_to_engine_config(model_dir: Path) -> None:
     assert EngineArgs.from_cli_args(build_parser(plain).parse_args(plain)) == EngineArgs()
 
 
+# The fields only the server's engine has, as `fantai serve` flags and their values.
+SERVE_VALUES = {"idle_release_seconds": ("2.5", 2.5), "request_timeout": ("30", 30.0)}
+
+
+def test_serve_cli_round_trips_async_fields() -> None:
+    extra = {f.name for f in dataclasses.fields(AsyncEngineArgs)} - {f.name for f in dataclasses.fields(EngineArgs)}
+    assert extra == set(SERVE_VALUES)
+    argv = ["serve"]
+    for name, (text, _) in SERVE_VALUES.items():
+        argv += [flag(name), text]
+    args = AsyncEngineArgs.from_cli_args(build_parser(argv).parse_args(argv))
+    assert args == AsyncEngineArgs(**{k: v for k, (_, v) in SERVE_VALUES.items()})
+    plain = ["serve"]
+    assert AsyncEngineArgs.from_cli_args(build_parser(plain).parse_args(plain)) == AsyncEngineArgs()
+    assert AsyncEngineArgs().request_timeout == 0.0  # no limit unless asked
+    with pytest.raises(ValueError, match="request_timeout must be a number >= 0"):
+        AsyncEngineArgs(request_timeout=-1)
+    res = fantai_cli("serve", "--request-timeout", "-1")
+    assert res.returncode == 2 and "argument --request-timeout: must be a number >= 0" in res.stderr
+
+
 def test_chat_template_flag_reads_a_file(tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}", encoding="utf-8")

@@ -10,11 +10,10 @@ import asyncio
 import os
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from server_fixtures import build_scripted_model, metric_values, start_server
+from server_fixtures import metric_values, rss_kib, scripted_server
 
 KEY = "burst-key"
 # make test sends 400; FANTAI_BURST=2000 is the full burst (about 2.5 min here)
@@ -23,20 +22,11 @@ BURST = int(os.environ.get("FANTAI_BURST", "400"))
 
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory):
-    model = build_scripted_model(tmp_path_factory.mktemp("burst_model"))
-    log = tmp_path_factory.mktemp("burst_logs") / "server.log"
-    proc = start_server([str(model), "--served-model-name", "tiny", "--api-key", KEY, "--max-model-len", "256",
-                         "--kv-cache-memory", "16M", "--threads", "1", "--max-num-seqs", "4",
-                         "--max-waiting-requests", "8", "--disable-log-requests"], log)
-    yield proc
-    assert proc.stop() == 0, proc.log()[-3000:]
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    with scripted_server(tmp_path_factory, "burst", [
+            "--served-model-name", "tiny", "--api-key", KEY, "--max-model-len", "256",
+            "--kv-cache-memory", "16M", "--threads", "1", "--max-num-seqs", "4",
+            "--max-waiting-requests", "8", "--disable-log-requests"]) as proc:
+        yield proc
 
 
 def test_burst_past_capacity_is_served_or_refused_cleanly(small_server) -> None:
@@ -59,7 +49,7 @@ def test_burst_past_capacity_is_served_or_refused_cleanly(small_server) -> None:
                 r = http.get(f"{base}/health")
                 health_latency.append(time.monotonic() - t)
                 assert r.status_code == 200
-                rss.append(_rss_kib(small_server.proc.pid))
+                rss.append(rss_kib(small_server.proc.pid))
                 time.sleep(0.05)
 
     async def burst() -> list[tuple[int, dict, dict]]:
@@ -69,7 +59,7 @@ def test_burst_past_capacity_is_served_or_refused_cleanly(small_server) -> None:
         async with httpx.AsyncClient(timeout=120, limits=limits) as http:
             return await asyncio.gather(*(one(http) for _ in range(BURST)))
 
-    start_rss = _rss_kib(small_server.proc.pid)
+    start_rss = rss_kib(small_server.proc.pid)
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:

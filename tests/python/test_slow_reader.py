@@ -6,35 +6,25 @@ from __future__ import annotations
 
 import socket
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from server_fixtures import build_scripted_model, metric_values, start_server
+from server_fixtures import metric_values, rss_kib, scripted_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    model = build_scripted_model(tmp_path_factory.mktemp("slow_model"))
-    log = tmp_path_factory.mktemp("slow_logs") / "server.log"
-    proc = start_server([str(model), "--served-model-name", "tiny", "--max-model-len", "1024",
-                         "--kv-cache-memory", "16M", "--threads", "1", "--disable-log-requests"], log)
-    yield proc
-    assert proc.stop() == 0, proc.log()[-3000:]
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    with scripted_server(tmp_path_factory, "slow", [
+            "--served-model-name", "tiny", "--max-model-len", "1024", "--kv-cache-memory", "16M",
+            "--threads", "1", "--disable-log-requests"]) as proc:
+        yield proc
 
 
 def test_stalled_stream_is_bounded_and_does_not_block_others(server) -> None:
     host, port = server.base_url.removeprefix("http://").split(":")
     body = (b'{"model": "tiny", "prompt": "hello alpha", "max_tokens": 1000, "temperature": 0, '
             b'"ignore_eos": true, "stream": true}')
-    start_rss = _rss_kib(server.proc.pid)
+    start_rss = rss_kib(server.proc.pid)
     stalled = []
     for _ in range(4):  # four streams whose readers never read past the headers
         s = socket.create_connection((host, int(port)))
@@ -49,7 +39,7 @@ def test_stalled_stream_is_bounded_and_does_not_block_others(server) -> None:
                       json={"model": "tiny", "prompt": "hello alpha", "max_tokens": 8, "temperature": 0})
         others_latency = time.monotonic() - t
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
-        grown = _rss_kib(server.proc.pid) - start_rss
+        grown = rss_kib(server.proc.pid) - start_rss
         for s in stalled:
             s.close()
         deadline = time.monotonic() + 10

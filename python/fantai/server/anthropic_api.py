@@ -31,18 +31,18 @@ from fantai.server.protocol import (
 )
 from fantai.server.serving import (
     EngineCall,
+    StreamEnd,
     check_constraint,
     collect,
-    generate,
     new_id,
     primed,
     sse,
     sse_response,
+    stream_deltas,
     until_disconnect,
 )
-from fantai.server.reasoning import StreamingReasoning
 from fantai.server.state import ServerContext
-from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta
+from fantai.server.tool_parsers import ParsedToolCall, ToolCallDelta
 
 router = APIRouter()
 
@@ -263,34 +263,16 @@ async def _events(ctx: ServerContext, call: EngineCall, model: str, plan: ToolPl
         "usage": {"input_tokens": len(call.prompt_ids), "output_tokens": 0}}
     yield sse({"type": "message_start", "message": start}, "message_start")
     yield sse({"type": "ping"}, "ping")
-    parser = ctx.tool_parser if plan.parse else None
-    tools = StreamingToolParser(parser, plan.prefix) if parser else None
     writer = _EventWriter()
-    thinking = StreamingReasoning(ctx.reasoning_parser) if ctx.reasoning_parser else None
-    sent = 0
-    comp: CompletionOutput | None = None
-    async with aclosing(generate(ctx, [call])) as outs:
-        async for _, out in outs:
-            comp = out.outputs[0]
-            text = comp.text
-            if thinking is not None:
-                rd = thinking.feed(comp.text, final=bool(comp.finish_reason))
-                for chunk in (writer.thinking(rd.reasoning) if rd.reasoning else []):
-                    yield chunk
-                text = rd.content
-            if tools is None:
-                piece, calls = text[sent:], list[ToolCallDelta]()
-                sent = len(text)
-            else:
-                step = tools.finish(text) if comp.finish_reason else tools.feed(text)
-                piece, calls = step.content, step.calls
-            for chunk in (writer.text(piece) if piece else []):
+    end = StreamEnd()
+    async with aclosing(stream_deltas(ctx, call, plan, end)) as deltas:
+        async for kind, value in deltas:
+            frames = (writer.thinking(value) if kind == "reasoning" else
+                      writer.text(value) if kind == "text" else writer.tool(value))
+            for chunk in frames:
                 yield chunk
-            for c in calls:
-                for chunk in writer.tool(c):
-                    yield chunk
+    comp, called = end.comp, end.called
     assert comp is not None
-    called = tools is not None and tools.called
     if (writer.index == 0 or writer.thinking_open) and not writer.text_open:
         for chunk in writer.text(""):
             yield chunk

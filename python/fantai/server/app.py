@@ -54,6 +54,13 @@ class GuardMiddleware:
                                  headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
         generation = path in GENERATION_PATHS
+        if generation and self.ctx.fault is not None:
+            # The engine failed and the process is about to exit: never accept what cannot be
+            # served (a supervisor restarts the server; clients retry elsewhere or later).
+            await error_response(path, 503, "The engine has failed and this server is restarting; "
+                                 "retry shortly.", code="engine_failed",
+                                 headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send)
+            return
         if generation and self.in_flight >= self._capacity():
             self.ctx.metrics.finished["overload"] = self.ctx.metrics.finished.get("overload", 0) + 1
             # The body is left unread, so the connection cannot carry another request: close it.
@@ -141,6 +148,8 @@ def _install_handlers(app: FastAPI) -> None:
 def _add_info_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/health")
     async def health() -> Response:
+        if ctx.fault is not None:
+            return JSONResponse({"status": "failed", "error": ctx.fault}, status_code=503)
         if ctx.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})

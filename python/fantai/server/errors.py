@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +13,12 @@ from starlette.responses import JSONResponse
 # OpenAI error "type" by HTTP status; Anthropic uses its own vocabulary.
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                  404: "invalid_request_error", 405: "invalid_request_error",
-                 413: "invalid_request_error", 503: "service_unavailable", 500: "server_error"}
+                 413: "invalid_request_error", 503: "service_unavailable", 500: "server_error",
+                 504: "timeout_error"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
                     413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                    503: "overloaded_error"}
+                    503: "overloaded_error", 504: "timeout_error"}
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +47,19 @@ def error_body(path: str, status: int, message: str, param: str | None = None,
         return {"type": "error", "error": {"type": kind, "message": message}}
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def stream_error(path: str, exc: APIError) -> str:
+    """The SSE frame(s) that end a stream which failed after it started (the status line is long
+    sent): Anthropic's `error` event on /v1/messages, the Responses API's `error` event on
+    /v1/responses, else OpenAI's `data: {"error": ...}` followed by `data: [DONE]`."""
+    body = error_body(path, exc.status, exc.message, exc.param, exc.code)
+    if is_anthropic_path(path):
+        return f"event: error\ndata: {json.dumps(body)}\n\n"
+    if path.startswith("/v1/responses"):
+        event = {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
+        return f"event: error\ndata: {json.dumps(event)}\n\n"
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
 
 
 def error_response(path: str, status: int, message: str, param: str | None = None,

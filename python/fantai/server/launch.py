@@ -94,9 +94,35 @@ def _banner(server: Any, engine: AsyncEngine, names: list[str], started_at: floa
     print(f"fantai serve: ready in {time.monotonic() - started_at:.2f} s", flush=True)
 
 
+# `fantai serve`'s exit status after an engine fault (EX_SOFTWARE): non-zero, so a supervisor
+# (systemd Restart=on-failure, Kubernetes, a shell loop) restarts the server.
+EXIT_ENGINE_FAULT = 70
+# After a fault: how long in-flight requests get to receive their error before the process
+# exits, and how long /health keeps answering 503 (so probes see why) once they have.
+FAULT_ANSWER_SECONDS = 5.0
+FAULT_LINGER_SECONDS = 2.0
+
+
+async def exit_on_engine_fault(engine: Any, ctx: Any, server: uvicorn.Server, poll: float = 0.05) -> None:
+    """Waits for the engine to fail; then lets the in-flight requests get their error (the
+    generators raise at once), keeps answering /health 503 for a moment, and asks uvicorn to exit.
+    Meanwhile the guard refuses generation requests with 503."""
+    while getattr(engine, "fault", None) is None:
+        await asyncio.sleep(poll)
+    logger.error("engine fault: %s; refusing new requests and exiting with status %d",
+                 engine.fault, EXIT_ENGINE_FAULT)
+    deadline = time.monotonic() + FAULT_ANSWER_SECONDS
+    while ctx.active and time.monotonic() < deadline:
+        await asyncio.sleep(poll)
+    await asyncio.sleep(FAULT_LINGER_SECONDS)
+    ctx.draining = True
+    server.should_exit = True
+
+
 async def serve(engine_args: AsyncEngineArgs, config: ServerConfig, listen: ListenOptions,
-                started_at: float | None = None) -> None:
-    """Loads the engine, serves until SIGINT/SIGTERM, then shuts the engine down.
+                started_at: float | None = None) -> int:
+    """Loads the engine, serves until SIGINT/SIGTERM (status 0) or an engine fault (status
+    EXIT_ENGINE_FAULT), then shuts the engine down and returns the exit status.
     started_at: time.monotonic() at process start, for the "ready in" line."""
     started_at = time.monotonic() if started_at is None else started_at
     engine = AsyncEngine(engine_args=engine_args)
@@ -110,13 +136,18 @@ async def serve(engine_args: AsyncEngineArgs, config: ServerConfig, listen: List
 
         server = make_server(app, listen, lambda s: _banner(s, engine, config.served_model_names, started_at),
                              draining, app.state.ctx.abort_all)
-        await server.serve()
+        watcher = asyncio.create_task(exit_on_engine_fault(engine, app.state.ctx, server))
+        try:
+            await server.serve()
+        finally:
+            watcher.cancel()
+        return EXIT_ENGINE_FAULT if engine.fault is not None else 0
     finally:
         engine.shutdown()
 
 
 def run(engine_args: AsyncEngineArgs, config: ServerConfig, listen: ListenOptions,
-        started_at: float | None = None) -> None:
+        started_at: float | None = None) -> int:
     logging.basicConfig(level=listen.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(engine_args, config, listen, started_at))
+    return asyncio.run(serve(engine_args, config, listen, started_at))

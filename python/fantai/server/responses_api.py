@@ -33,20 +33,20 @@ from fantai.server.protocol import (
     _Loose,
     _Strict,
 )
-from fantai.server.reasoning import StreamingReasoning
 from fantai.server.serving import (
     EngineCall,
+    StreamEnd,
     check_constraint,
     collect,
-    generate,
     new_id,
     primed,
     sse,
     sse_response,
+    stream_deltas,
     until_disconnect,
 )
 from fantai.server.state import ServerContext
-from fantai.server.tool_parsers import ParsedToolCall, StreamingToolParser, ToolCallDelta
+from fantai.server.tool_parsers import ParsedToolCall, ToolCallDelta
 
 router = APIRouter()
 
@@ -540,31 +540,14 @@ async def _events(ctx: ServerContext, reply: _Reply, plan: ToolPlan
     start = _response_body(reply, "in_progress")
     yield w.event("response.created", response=start)
     yield w.event("response.in_progress", response=start)
-    parser = ctx.tool_parser if plan.parse else None
-    tools = StreamingToolParser(parser, plan.prefix) if parser else None
-    thinking = StreamingReasoning(ctx.reasoning_parser) if ctx.reasoning_parser else None
-    sent = 0
-    comp: CompletionOutput | None = None
-    async with aclosing(generate(ctx, [reply.call])) as outs:
-        async for _, out in outs:
-            comp = out.outputs[0]
-            text = comp.text
-            if thinking is not None:
-                rd = thinking.feed(comp.text, final=bool(comp.finish_reason))
-                for chunk in (w.reasoning(rd.reasoning) if rd.reasoning else []):
-                    yield chunk
-                text = rd.content
-            if tools is None:
-                piece, calls = text[sent:], list[ToolCallDelta]()
-                sent = len(text)
-            else:
-                step = tools.finish(text) if comp.finish_reason else tools.feed(text)
-                piece, calls = step.content, step.calls
-            for chunk in (w.text(piece) if piece else []):
+    end = StreamEnd()
+    async with aclosing(stream_deltas(ctx, reply.call, plan, end)) as deltas:
+        async for kind, value in deltas:
+            frames = (w.reasoning(value) if kind == "reasoning" else
+                      w.text(value) if kind == "text" else w.tool(value))
+            for chunk in frames:
                 yield chunk
-            for c in calls:
-                for chunk in w.tool(c):
-                    yield chunk
+    comp = end.comp
     assert comp is not None
     if not any(it["type"] in ("message", "function_call") for it in w.items):
         for chunk in w.text(""):

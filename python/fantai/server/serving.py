@@ -14,10 +14,14 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from fantai.outputs import Logprob, RequestOutput
+from fantai.exceptions import EngineDeadError, RequestTimeoutError
+from fantai.outputs import CompletionOutput, Logprob, RequestOutput
 from fantai.sampling_params import SamplingParams
-from fantai.server.errors import APIError
+from fantai.server.chat import ToolPlan
+from fantai.server.errors import APIError, stream_error
+from fantai.server.reasoning import StreamingReasoning
 from fantai.server.state import ServerContext
+from fantai.server.tool_parsers import StreamingToolParser, ToolCallDelta
 
 T = TypeVar("T")
 
@@ -74,6 +78,18 @@ async def _guarded(ctx: ServerContext, call: EngineCall) -> AsyncGenerator[Reque
     except ValueError as exc:
         final_seen = True  # refused before it started: nothing to abort
         raise APIError(str(exc)) from None
+    except RequestTimeoutError as exc:  # already aborted in the engine (its KV blocks freed)
+        final_seen = True
+        ctx.metrics.finished["timeout"] = ctx.metrics.finished.get("timeout", 0) + call.params.n
+        raise APIError(f"Request timed out: {exc}.", status=504, code="request_timeout") from None
+    except EngineDeadError as exc:  # every request fails; the server exits to be restarted
+        final_seen = True
+        if not exc.in_flight:
+            raise APIError(f"The engine has failed ({exc}) and this server is restarting; retry "
+                           "shortly.", status=503, code="engine_failed") from None
+        ctx.metrics.finished["engine_failed"] = ctx.metrics.finished.get("engine_failed", 0) + call.params.n
+        raise APIError(f"The engine failed while serving this request ({exc}); this server is "
+                       "restarting.", status=500, code="engine_failed") from None
     except RuntimeError as exc:  # e.g. the engine is shutting down
         final_seen = True
         raise APIError(f"The engine cannot take this request: {exc}", status=503) from None
@@ -132,6 +148,45 @@ async def generate(ctx: ServerContext, calls: list[EngineCall]
             yield item
 
 
+@dataclass(slots=True)
+class StreamEnd:
+    """What a stream_deltas run leaves behind: the final output and whether a tool was called."""
+
+    comp: CompletionOutput | None = None
+    called: bool = False
+
+
+async def stream_deltas(ctx: ServerContext, call: EngineCall, plan: ToolPlan, end: StreamEnd
+                        ) -> AsyncGenerator[tuple[str, Any], None]:
+    """One chat stream as deltas, for the APIs that frame them their own way (/v1/messages,
+    /v1/responses): ("reasoning", text) with a reasoning parser, ("text", piece) of the answer,
+    ("tool", ToolCallDelta) with a tool parser. `end` holds the final output once it returns."""
+    parser = ctx.tool_parser if plan.parse else None
+    tools = StreamingToolParser(parser, plan.prefix) if parser else None
+    thinking = StreamingReasoning(ctx.reasoning_parser) if ctx.reasoning_parser else None
+    sent = 0
+    async with aclosing(generate(ctx, [call])) as outs:
+        async for _, out in outs:
+            comp = end.comp = out.outputs[0]
+            text = comp.text
+            if thinking is not None:
+                rd = thinking.feed(comp.text, final=bool(comp.finish_reason))
+                if rd.reasoning:
+                    yield "reasoning", rd.reasoning
+                text = rd.content
+            if tools is None:
+                piece, calls = text[sent:], list[ToolCallDelta]()
+                sent = len(text)
+            else:
+                step = tools.finish(text) if comp.finish_reason else tools.feed(text)
+                piece, calls = step.content, step.calls
+            if piece:
+                yield "text", piece
+            for c in calls:
+                yield "tool", c
+    end.called = tools is not None and tools.called
+
+
 async def collect(ctx: ServerContext, calls: list[EngineCall]) -> list[RequestOutput]:
     """The final output of every call."""
     finals: list[RequestOutput | None] = [None] * len(calls)
@@ -164,13 +219,15 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def primed(request: Request, stream: AsyncIterator[T]) -> AsyncIterator[T]:
-    """Pull the first item now, so errors become a JSON 4xx before any SSE header is sent."""
+async def primed(request: Request, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Pull the first item now, so errors become a JSON 4xx before any SSE header is sent; an
+    error after that (a request timeout, an engine failure) ends the stream with the API's error
+    event (errors.stream_error)."""
     try:
         first = await until_disconnect(request, stream.__anext__())
     except StopAsyncIteration:
         return _empty()
-    return _chain(first, stream)
+    return _chain(first, stream, request.url.path)
 
 
 async def _empty() -> AsyncIterator[Any]:
@@ -178,11 +235,14 @@ async def _empty() -> AsyncIterator[Any]:
     yield
 
 
-async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+async def _chain(first: str, rest: AsyncIterator[str], path: str) -> AsyncIterator[str]:
     try:
         yield first
-        async for item in rest:
-            yield item
+        try:
+            async for item in rest:
+                yield item
+        except APIError as exc:
+            yield stream_error(path, exc)
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
 

@@ -55,6 +55,12 @@ class ServerContext:
                    reasoning_parser=reasoning)
 
     @property
+    def fault(self) -> str | None:
+        """Why the engine failed, once it has (then /health is 503, generation routes refuse with
+        503 and the process exits non-zero: see launch.exit_on_engine_fault)."""
+        return getattr(self.engine, "fault", None)
+
+    @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 

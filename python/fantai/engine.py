@@ -174,6 +174,11 @@ class AsyncEngine(CoreHolder):
             for core_id, _ in core:
                 self._loop.abort_request(core_id)
             self._forget(state, core)
+            # The loop refuses once it has faulted, possibly before the dispatcher has told us.
+            why = self._loop.fault()
+            if why:
+                self._fail(why)
+                raise EngineDeadError(why, in_flight=False) from None
             raise
 
     def _abort_state(self, state: RequestState) -> None:

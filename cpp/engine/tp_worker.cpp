@@ -56,6 +56,7 @@ void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks
   for (int k = 0; k < kinds; ++k) hs[4 + k] = num_blocks[k];
   comm.broadcast(hs, sizeof hs, 0, true);  // idle: the other ranks may still be loading
   agree(comm, true, "model or options");
+  comm.steps_state = Communicator::kStepsRunning;
 }
 
 void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
@@ -99,9 +100,14 @@ void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
   comm.broadcast(p.data(), static_cast<int64_t>(p.size()), 0);
 }
 
-void tp_send_stop(model::Model& m) {
+void tp_send_stop(model::Model& m) { tp_stop_group(m.backend()->communicator()); }
+
+void tp_stop_group(Communicator& comm) {
+  int running = Communicator::kStepsRunning;
+  if (comm.rank() != 0 || !comm.steps_state.compare_exchange_strong(running, Communicator::kStepsStopped))
+    return;
   int64_t h[kHeader] = {kOpStop, 0, 0, 0, 0, 0, 0, 0, 0};
-  m.backend()->communicator().broadcast(h, sizeof h, 0);
+  comm.broadcast(h, sizeof h, 0);
 }
 
 void run_tp_worker(const std::shared_ptr<model::Model>& m) {
@@ -110,6 +116,7 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
   int64_t hs[kHandshake] = {};
   comm.broadcast(hs, sizeof hs, 0, true);
   agree(comm, hs[3] == fingerprint(*m), "model or options");
+  comm.steps_state = Communicator::kStepsRunning;
   const std::vector<int32_t> windows = model::KVCache::kind_windows(m->config());
   FANTAI_CHECK(hs[0] == static_cast<int64_t>(windows.size()),
                "rank 0 has " << hs[0] << " KV kinds, this rank " << windows.size());
@@ -124,7 +131,10 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
   for (;;) {
     int64_t h[kHeader];
     comm.broadcast(h, sizeof h, 0, true);
-    if (h[0] == kOpStop) return;
+    if (h[0] == kOpStop) {
+      comm.steps_state = Communicator::kStepsStopped;
+      return;
+    }
     FANTAI_CHECK(h[0] == kOpStep && h[7] == static_cast<int64_t>(payload_bytes(h)),
                  "bad step header from rank 0");
     p.resize(static_cast<size_t>(h[7]));

@@ -20,7 +20,10 @@ void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks
 // Rank 0, each step before its forward: the batch's metadata and the step's block copies.
 void tp_send_step(model::Model& m, const model::ForwardBatch& fb, const std::vector<BlockCopy>& block_copies);
 // Rank 0: the ranks > 0 leave their loop (the engine is going away).
+// Sent once per group, and only to ranks that are in their loop; tp_stop_group also from the
+// process's exit (rank 0 only; a no-op elsewhere).
 void tp_send_stop(model::Model& m);
+void tp_stop_group(Communicator& comm);
 // A rank > 0: handshake, then one forward per step on its share until rank 0 stops it. The
 // logits stay on rank 0 (the lm_head is replicated), so this rank stops at the last layer.
 void run_tp_worker(const std::shared_ptr<model::Model>& m);

@@ -363,3 +363,17 @@ def test_mpirun_job_with_a_killed_rank_exits_nonzero_fast(tmp_path: Path) -> Non
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_release_memory_returns_kv_pages_on_every_rank(tmp_path: Path) -> None:
+    """llm.release_memory() (and --idle-release-seconds) gives back the same blocks' pages on the
+    worker as on rank 0: an op on the step wire. Each rank holds half the KV heads, so the
+    worker's RSS falls by about what rank 0's resident KV bytes fall."""
+    # 8 KV heads of 64 over 4 layers: 8 KiB of KV per token per rank, 3200 tokens ~ 26 MiB each.
+    path = build_tiny_model(tmp_path / "m", arch="llama", hidden=512, heads=8, kv_heads=8, layers=4, inter=256)
+    r = _run(path, 2, "release")
+    assert len(r["worker"]) == 1 and r["released_blocks"] > 0
+    rank0_drop = r["rank0_before"] - r["rank0_after"]
+    assert rank0_drop > 16 << 20, r
+    worker_drop = r["worker_rss_before"][0] - r["worker_rss_after"][0]
+    assert worker_drop > rank0_drop // 2, r

@@ -7,6 +7,7 @@ pytest process): TP = 1, then TP = 2 twice on one model directory; prints one JS
     mpirun -np N ... tp_run.py DIR N mpirun   every rank runs this; rank 0 prints TP = N twice,
                                its start-up time and its step time split into compute and
                                communication
+    tp_run.py DIR N release    KV pages released on rank 0 and (through the step wire) the worker
     mpirun ... tp_run.py DIR N mpirun-long   rank 0 prints its pid, then decodes for ever"""
 
 from __future__ import annotations
@@ -42,6 +43,39 @@ def run(llm: LLM) -> dict:
             "preemptions": stats.get("num_preemptions", -1)}
 
 
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    stat = _read(f"/proc/{pid}/stat").rsplit(b")", 1)
+    return int(stat[1].split()[1]) if len(stat) == 2 else -1
+
+
+def _descendants(pid: int) -> list[int]:
+    """The ranks MPI_Comm_spawn started hang below its runtime's daemon, not this process."""
+    procs = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    parent = {p: _parent(p) for p in procs}
+    out, todo = [], [pid]
+    while todo:
+        q = todo.pop()
+        kids = [p for p, pp in parent.items() if pp == q]
+        out += kids
+        todo += kids
+    return out
+
+
+def _rss(pid: int) -> int:
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        if line.startswith(b"VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return -1
+
+
 def main() -> None:
     path, tp = sys.argv[1], int(sys.argv[2])
     if len(sys.argv) > 3 and sys.argv[3] == "refuse":
@@ -69,6 +103,20 @@ def main() -> None:
         out["per_step_ms"] = {"steps": steps, "forward": 1e3 * forward / steps, "comm": 1e3 * comm / steps,
                               "compute": 1e3 * (forward - comm) / steps}
         print(json.dumps(out), flush=True)
+        return
+    if mode == "release":  # KV pages given back on every rank: rank 0's resident bytes, the worker's RSS
+        llm = LLM(path, tensor_parallel_size=tp, dtype="float32", kv_cache_memory="64M",
+                  enable_prefix_caching=False)
+        worker = [p for p in _descendants(os.getpid()) if b"fantai.tp_launch" in _read(f"/proc/{p}/cmdline")]
+        llm.generate(random_prompts(8, 320, [400] * 8, seed=3), SamplingParams(temperature=0.0, max_tokens=8,
+                                                                              ignore_eos=True), use_tqdm=False)
+        out = {"worker": worker, "rank0_before": llm.engine.kv_resident_bytes(),
+               "worker_rss_before": [_rss(p) for p in worker]}
+        out["released_blocks"] = llm.release_memory()
+        time.sleep(0.5)  # the worker applies the release when it reads the op; it is idle after
+        out["rank0_after"] = llm.engine.kv_resident_bytes()
+        out["worker_rss_after"] = [_rss(p) for p in worker]
+        print(json.dumps(out))
         return
     if mode == "mpirun-long":  # rank 0 says it is ready, then decodes until a rank is killed
         llm = LLM(path, tensor_parallel_size=tp, dtype="float32", kv_cache_memory="16M", max_model_len=4096)

@@ -424,6 +424,8 @@ void bind_model(py::module_& m) {
       .def_property_readonly("device_free_memory",
                              [](const Model& mo) { return mo.backend()->free_memory(); })
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
+      .def_property_readonly("lm_head_seconds", &Model::lm_head_seconds)
+      .def_property_readonly("lm_head_calls", &Model::lm_head_calls)
       .def(
           "score",
           [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {

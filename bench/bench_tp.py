@@ -24,11 +24,13 @@ def decode_figures(llm: LLM, batch: int, prompt_len: int, out_len: int) -> dict[
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # prefill (and prefix-cache) the prompts first
     before, steps0 = _C.tp_stats(), llm.stats()
+    head0 = llm._model.lm_head_seconds
     start = time.perf_counter()
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - start
     after, steps1 = _C.tp_stats(), llm.stats()
+    head = llm._model.lm_head_seconds - head0
     steps = max(1, steps1["num_steps"] - steps0["num_steps"])
     comm = after["seconds"] - before["seconds"]
     forward = steps1["time_forward_s"] - steps0["time_forward_s"]
@@ -39,6 +41,9 @@ def decode_figures(llm: LLM, batch: int, prompt_len: int, out_len: int) -> dict[
         "forward_ms_per_step": 1e3 * forward / steps,
         "comm_ms_per_step": 1e3 * comm / steps,
         "compute_ms_per_step": 1e3 * (forward - comm) / steps,
+        # the replicated lm_head on rank 0 (the other ranks wait meanwhile); a vocab-parallel
+        # one would cost about 1/N of it plus a gather of batch * vocab / N floats per rank
+        "lm_head_ms_per_step": 1e3 * head / steps,
         "all_reduces_per_step": (after["all_reduce_calls"] - before["all_reduce_calls"]) / steps,
         "all_reduce_kib_per_step": (after["all_reduce_bytes"] - before["all_reduce_bytes"]) / steps / 1024,
         "tokens_per_s": batch * out_len / wall,
@@ -52,9 +57,11 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--out-len", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores / ranks)")
     args = ap.parse_args()
     start = time.perf_counter()
-    llm = LLM(args.model, tensor_parallel_size=args.tp, kv_cache_memory="256M", max_num_seqs=64)
+    llm = LLM(args.model, tensor_parallel_size=args.tp, kv_cache_memory="256M", max_num_seqs=64,
+              threads=args.threads)
     startup = time.perf_counter() - start
     info = {"tp": args.tp, "startup_s": round(startup, 2), "threads_per_rank": llm._model.num_threads,
             "weight_mib_per_rank": round(llm._model.weight_bytes() / 2**20, 2),

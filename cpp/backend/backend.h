@@ -1,6 +1,7 @@
 // backend: the one seam between the model and its kernels (cpu/ always, cuda/ optionally).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -34,6 +35,11 @@ class Communicator {
   // for the next step: no deadline; rank 0 waiting for ranks still loading: a start-up deadline).
   virtual void broadcast(void* /*data*/, int64_t /*bytes*/, int /*root*/, bool /*idle*/ = false) {}
   virtual CommStats stats() const { return {}; }
+  // The step loop of a tensor-parallel group (engine/tp_worker): kStepsRunning once the ranks
+  // shook hands, kStepsStopped once rank 0 sent the stop and (on a rank > 0) it arrived. Only a
+  // group that stopped so is finalized (mpi_finalize).
+  enum : int { kStepsNone = 0, kStepsRunning = 1, kStepsStopped = 2 };
+  std::atomic<int> steps_state{kStepsNone};
 };
 
 // Coarse ops over raw pointers. All activations are f32, row-major. Implementations must be

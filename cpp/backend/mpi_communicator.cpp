@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #endif
@@ -38,6 +39,7 @@ std::shared_ptr<Communicator> mpi_connect(int, const std::vector<std::string>&, 
                                                     << " (install libopenmpi-dev openmpi-bin and rebuild)");
 }
 std::shared_ptr<Communicator> mpi_join(double) { return mpi_connect(2, {}, 0); }
+bool mpi_finalize(double) { return false; }
 
 #else
 
@@ -130,6 +132,15 @@ class MpiCommunicator final : public Communicator {
 
   CommStats stats() const override { return stats_; }
 
+  bool broken() const { return broken_; }
+  bool spawned() const { return spawned_; }
+  // mpirun's world: the dup is freed (nothing may use the group any more).
+  void release() {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+    broken_ = true;
+  }
+
  private:
   void check(int rc, const char* what) {
     if (broken_)
@@ -212,7 +223,44 @@ class MpiCommunicator final : public Communicator {
   CommStats stats_;
 };
 
+// Every group this process made or joined, for mpi_finalize.
+std::mutex groups_mu;
+std::vector<std::shared_ptr<MpiCommunicator>> groups;
+
+std::shared_ptr<Communicator> keep(std::shared_ptr<MpiCommunicator> c) {
+  std::lock_guard<std::mutex> lock(groups_mu);
+  groups.push_back(c);
+  return c;
+}
+
 }  // namespace
+
+bool mpi_finalize(double timeout_s) {
+  int ready = 0, done = 0;
+  MPI_Initialized(&ready);
+  MPI_Finalized(&done);
+  if (!ready || done) return false;
+  std::lock_guard<std::mutex> lock(groups_mu);
+  // Spawned groups (MPI_Comm_spawn from a singleton) are left as before: their ranks' exit
+  // status reaches no one, and MPI_Comm_disconnect + MPI_Finalize of one hung in our runs (4.1).
+  for (const auto& g : groups)
+    if (g->broken() || g->spawned() || g->steps_state != Communicator::kStepsStopped) return false;
+  // Finalize waits for every rank of the job: bounded like a collective.
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread([finished, timeout_s] {
+    const auto until = Clock::now() + std::chrono::duration<double>(timeout_s);
+    while (!*finished && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (*finished) return;
+    FANTAI_LOG(kError, "tensor parallelism: MPI_Finalize was not joined by every rank within "
+                           << timeout_s << " s: a rank died or hangs");
+    std::_Exit(70);
+  }).detach();
+  for (const auto& g : groups) g->release();
+  groups.clear();
+  MPI_Finalize();
+  *finished = true;
+  return true;
+}
 
 int mpi_world_rank() {
   if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMIX_RANK")) return 0;
@@ -233,7 +281,7 @@ std::shared_ptr<Communicator> mpi_connect(int world_size, const std::vector<std:
     FANTAI_REQUIRE(size == world_size, "mpirun started " << size << " ranks but tensor_parallel_size is "
                                                          << world_size << "; they must agree");
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    return std::make_shared<MpiCommunicator>(comm, timeout_s, false);
+    return keep(std::make_shared<MpiCommunicator>(comm, timeout_s, false));
   }
   FANTAI_REQUIRE(!worker_argv.empty(), "no worker command to spawn the tensor-parallel ranks with");
   std::vector<std::string> args(worker_argv.begin() + 1, worker_argv.end());
@@ -248,7 +296,7 @@ std::shared_ptr<Communicator> mpi_connect(int world_size, const std::vector<std:
                                 &inter, errcodes.data()) == MPI_SUCCESS,
                  "MPI_Comm_spawn of " << world_size - 1 << " tensor-parallel rank(s) failed");
   FANTAI_REQUIRE(MPI_Intercomm_merge(inter, 0, &comm) == MPI_SUCCESS, "MPI_Intercomm_merge failed");
-  return std::make_shared<MpiCommunicator>(comm, timeout_s, true);
+  return keep(std::make_shared<MpiCommunicator>(comm, timeout_s, true));
 }
 
 std::shared_ptr<Communicator> mpi_join(double timeout_s) {
@@ -257,10 +305,10 @@ std::shared_ptr<Communicator> mpi_join(double timeout_s) {
   MPI_Comm_get_parent(&parent);
   if (parent == MPI_COMM_NULL) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    return std::make_shared<MpiCommunicator>(comm, timeout_s, false);
+    return keep(std::make_shared<MpiCommunicator>(comm, timeout_s, false));
   }
   FANTAI_REQUIRE(MPI_Intercomm_merge(parent, 1, &comm) == MPI_SUCCESS, "MPI_Intercomm_merge failed");
-  return std::make_shared<MpiCommunicator>(comm, timeout_s, true);
+  return keep(std::make_shared<MpiCommunicator>(comm, timeout_s, true));
 }
 
 #endif

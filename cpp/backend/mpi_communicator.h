@@ -24,5 +24,12 @@ std::shared_ptr<Communicator> mpi_connect(int world_size, const std::vector<std:
                                           double timeout_s);
 // A rank > 0: the group of the process that spawned this one, or the MPI world.
 std::shared_ptr<Communicator> mpi_join(double timeout_s);
+// A clean stop under mpirun: frees the group and calls MPI_Finalize, so mpirun sees a rank that
+// finished (status 0). Does nothing when MPI was never started, a group failed (that path exits
+// with status 70 on its own), never ran steps, or was spawned (MPI_Comm_spawn: no mpirun waits
+// on its status). Finalize waits for the other ranks; when
+// one has not finalized within timeout_s the process exits with status 70 instead of hanging.
+// Returns whether MPI was finalized here.
+bool mpi_finalize(double timeout_s);
 
 }  // namespace fantai

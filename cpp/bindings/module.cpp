@@ -426,6 +426,8 @@ void bind_model(py::module_& m) {
       .def_property_readonly("device_free_memory",
                              [](const Model& mo) { return mo.backend()->free_memory(); })
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
+      .def_property_readonly("lm_head_seconds", &Model::lm_head_seconds)
+      .def_property_readonly("lm_head_calls", &Model::lm_head_calls)
       .def(
           "score",
           [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {
@@ -544,6 +546,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::call_guard<py::gil_scoped_release>());
   m.def("tp_reset", [] { set_process_communicator(nullptr); });
+  // A clean stop of this process: rank 0 stops its group's loop (when an engine did not), then
+  // every group is disconnected and MPI finalized (see mpi_finalize); false when not.
+  m.def(
+      "tp_finalize",
+      [](double timeout_s) {
+        if (auto c = process_communicator()) engine::tp_stop_group(*c);
+        return mpi_finalize(timeout_s);
+      },
+      py::arg("timeout_s") = 5.0, py::call_guard<py::gil_scoped_release>());
   m.def("tp_worker_loop", &engine::run_tp_worker, py::call_guard<py::gil_scoped_release>());
   m.def("tp_stats", [] {
     const CommStats s = process_communicator()->stats();

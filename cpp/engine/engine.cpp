@@ -238,6 +238,7 @@ int32_t Engine::release_memory() {
   const int32_t keep = config_.release_keep_cached_blocks >= 0 ? config_.release_keep_cached_blocks
                                                                : blocks_->num_blocks() / 8;
   int32_t released = 0;
+  std::vector<int32_t> runs;  // (kind, first, count): the same runs on every tensor-parallel rank
   for (int k = 0; k < blocks_->num_kinds(); ++k) {
     BlockPool& pool = blocks_->pool(k);
     // Each kind keeps its share of `keep` (all of it when there is one kind).
@@ -245,7 +246,9 @@ int32_t Engine::release_memory() {
     // Runs of consecutive clean blocks: one release per run and layer.
     int32_t run_start = -1, prev = -2;
     auto flush = [&] {
-      if (run_start >= 0) cache_->release_blocks(k, run_start, prev - run_start + 1, model_->backend());
+      if (run_start < 0) return;
+      cache_->release_blocks(k, run_start, prev - run_start + 1, model_->backend());
+      runs.insert(runs.end(), {k, run_start, prev - run_start + 1});
     };
     for (int32_t b : pool.clean_blocks()) {
       if (b != prev + 1) {
@@ -257,6 +260,7 @@ int32_t Engine::release_memory() {
     }
     flush();
   }
+  if (model_->tp_shard().active()) tp_send_release(*model_, runs);
   counters_.num_releases++;
   return released;
 }

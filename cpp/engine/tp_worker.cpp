@@ -11,7 +11,7 @@
 namespace fantai::engine {
 namespace {
 
-enum : int64_t { kOpStep = 1, kOpStop = 2 };
+enum : int64_t { kOpStep = 1, kOpStop = 2, kOpRelease = 3 };
 // op, num_tokens, num_seqs, max_blocks_per_seq, num_copies, max_query_len, max_context_len, bytes,
 // num_kv_kinds
 constexpr int kHeader = 9;
@@ -56,6 +56,7 @@ void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks
   for (int k = 0; k < kinds; ++k) hs[4 + k] = num_blocks[k];
   comm.broadcast(hs, sizeof hs, 0, true);  // idle: the other ranks may still be loading
   agree(comm, true, "model or options");
+  comm.steps_state = Communicator::kStepsRunning;
 }
 
 void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
@@ -99,9 +100,24 @@ void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
   comm.broadcast(p.data(), static_cast<int64_t>(p.size()), 0);
 }
 
-void tp_send_stop(model::Model& m) {
+// A release: h[1] runs of (kind, first, count), h[7] their bytes.
+void tp_send_release(model::Model& m, const std::vector<int32_t>& runs) {
+  Communicator& comm = m.backend()->communicator();
+  if (comm.steps_state != Communicator::kStepsRunning) return;
+  const int64_t n = static_cast<int64_t>(runs.size() / 3);
+  int64_t h[kHeader] = {kOpRelease, n, 0, 0, 0, 0, 0, n * 3 * static_cast<int64_t>(sizeof(int32_t)), 0};
+  comm.broadcast(h, sizeof h, 0);
+  if (n > 0) comm.broadcast(const_cast<int32_t*>(runs.data()), h[7], 0);
+}
+
+void tp_send_stop(model::Model& m) { tp_stop_group(m.backend()->communicator()); }
+
+void tp_stop_group(Communicator& comm) {
+  int running = Communicator::kStepsRunning;
+  if (comm.rank() != 0 || !comm.steps_state.compare_exchange_strong(running, Communicator::kStepsStopped))
+    return;
   int64_t h[kHeader] = {kOpStop, 0, 0, 0, 0, 0, 0, 0, 0};
-  m.backend()->communicator().broadcast(h, sizeof h, 0);
+  comm.broadcast(h, sizeof h, 0);
 }
 
 void run_tp_worker(const std::shared_ptr<model::Model>& m) {
@@ -110,6 +126,7 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
   int64_t hs[kHandshake] = {};
   comm.broadcast(hs, sizeof hs, 0, true);
   agree(comm, hs[3] == fingerprint(*m), "model or options");
+  comm.steps_state = Communicator::kStepsRunning;
   const std::vector<int32_t> windows = model::KVCache::kind_windows(m->config());
   FANTAI_CHECK(hs[0] == static_cast<int64_t>(windows.size()),
                "rank 0 has " << hs[0] << " KV kinds, this rank " << windows.size());
@@ -124,7 +141,19 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
   for (;;) {
     int64_t h[kHeader];
     comm.broadcast(h, sizeof h, 0, true);
-    if (h[0] == kOpStop) return;
+    if (h[0] == kOpStop) {
+      comm.steps_state = Communicator::kStepsStopped;
+      return;
+    }
+    if (h[0] == kOpRelease) {
+      FANTAI_CHECK(h[7] == h[1] * 3 * static_cast<int64_t>(sizeof(int32_t)),
+                   "bad release header from rank 0");
+      std::vector<int32_t> runs(static_cast<size_t>(3 * h[1]));
+      if (h[1] > 0) comm.broadcast(runs.data(), h[7], 0);
+      for (size_t i = 0; i + 2 < runs.size(); i += 3)
+        cache.release_blocks(runs[i], runs[i + 1], runs[i + 2], m->backend());
+      continue;
+    }
     FANTAI_CHECK(h[0] == kOpStep && h[7] == static_cast<int64_t>(payload_bytes(h)),
                  "bad step header from rank 0");
     p.resize(static_cast<size_t>(h[7]));

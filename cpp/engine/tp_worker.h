@@ -19,8 +19,14 @@ void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks
                          DType kv_dtype);
 // Rank 0, each step before its forward: the batch's metadata and the step's block copies.
 void tp_send_step(model::Model& m, const model::ForwardBatch& fb, const std::vector<BlockCopy>& block_copies);
+// Rank 0, from Engine::release_memory: each rank returns the pages of the same KV block runs
+// (kind, first block, count) to the OS, as rank 0 just did with its share.
+void tp_send_release(model::Model& m, const std::vector<int32_t>& runs);
 // Rank 0: the ranks > 0 leave their loop (the engine is going away).
+// Sent once per group, and only to ranks that are in their loop; tp_stop_group also from the
+// process's exit (rank 0 only; a no-op elsewhere).
 void tp_send_stop(model::Model& m);
+void tp_stop_group(Communicator& comm);
 // A rank > 0: handshake, then one forward per step on its share until rank 0 stops it. The
 // logits stay on rank 0 (the lm_head is replicated), so this rank stops at the last layer.
 void run_tp_worker(const std::shared_ptr<model::Model>& m);

@@ -49,6 +49,10 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelConfig& full_config() const { return shard_.active() ? shard_.full : config_; }
   const TpShard& tp_shard() const { return shard_; }
+  // Wall time in the lm_head linear and its calls (a figure for the replicated-vs-vocab-parallel
+  // choice of tensor parallelism; host time, so exact on the CPU backend).
+  double lm_head_seconds() const { return lm_head_seconds_; }
+  int64_t lm_head_calls() const { return lm_head_calls_; }
   DType dtype() const { return dtype_; }
   Backend* backend() const { return backend_.get(); }
   std::shared_ptr<Backend> backend_ptr() const { return backend_; }
@@ -78,6 +82,8 @@ class Model {
   void mlp_block(int layer, int32_t num_tokens);
   void moe_block(int layer, int32_t num_tokens);  // a sparse layer's MLP (moe.cpp)
 
+  double lm_head_seconds_ = 0;
+  int64_t lm_head_calls_ = 0;
   TpShard shard_;  // before config_: the constructor fills it while sharding the config
   ModelConfig config_;
   DType dtype_;

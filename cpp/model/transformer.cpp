@@ -1,5 +1,6 @@
 // model: the decoder loop, written only in backend ops (embedding → layers → norm → lm_head).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -201,8 +202,11 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   be->add_rms_norm(res_rows, x_rows, weights_.final_norm().as<float>(), normed, b.num_logits, H,
                    c.rms_norm_eps);
   float* out = staging_.logits_target(logits, b.num_logits, c.vocab_size);
+  const auto t0 = std::chrono::steady_clock::now();
   linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, out, b.num_logits, c.vocab_size, H,
          weights_.lm_head_packed());
+  lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lm_head_calls_++;
   if (c.final_logit_softcap > 0)
     be->softcap(out, c.final_logit_softcap, static_cast<int64_t>(b.num_logits) * c.vocab_size);
   staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_);

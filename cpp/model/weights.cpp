@@ -252,9 +252,97 @@ bool Weights::set_ggml_local(const std::string& name, const void* data, size_t n
   return set_local(name, f.data(), DType::kF32, shape);
 }
 
+namespace {
+// The storage columns of `m` that hold original columns [col0, col0 + cols) (the act-order
+// permutation maps storage column c to original column perm[c]), in storage order; false when
+// a group would be cut (some but not all of its columns kept). One group per row (per channel)
+// is never cut: every column keeps its row's one scale.
+bool kept_columns(const QuantMatrix& m, int64_t col0, int64_t cols, std::vector<int64_t>* out) {
+  out->clear();
+  for (int64_t c = 0; c < m.cols; ++c) {
+    const int64_t orig = m.perm ? m.perm[c] : c;
+    if (orig >= col0 && orig < col0 + cols) out->push_back(c);
+  }
+  if (m.group >= m.cols) return true;
+  for (int64_t g = 0; g < m.ngroups(); ++g) {
+    const int64_t lo = g * m.group, hi = std::min<int64_t>(m.cols, lo + m.group);
+    const int64_t in = std::count_if(out->begin(), out->end(), [&](int64_t c) { return c >= lo && c < hi; });
+    if (in != 0 && in != hi - lo) return false;
+  }
+  return true;
+}
+}  // namespace
+
+// GPTQ / AWQ under tensor parallelism: column-parallel tensors keep their output rows (with the
+// rows' scales and zeros); row-parallel ones keep whole quantization groups of their input
+// columns. A split that would cut a group is refused naming the sizes that keep every group whole.
 bool Weights::set_quant(const std::string& name, const QuantMatrix& canonical, const std::string& format) {
-  FANTAI_REQUIRE(!shard_.active(), "GPTQ / AWQ checkpoints are not split for tensor parallelism yet ("
-                                       << name << "); use tensor_parallel_size 1");
+  if (!shard_.active()) return set_quant_local(name, canonical, format);
+  check_quant_matrix(canonical);
+  const QuantMatrix& m = canonical;
+  const ShardSelection sel = select_shard(shard_, name, m.rows, m.cols);
+  if (sel.whole) return set_quant_local(name, canonical, format);
+  FANTAI_REQUIRE(!sel.zero, "tensor " << name << " cannot come quantized under tensor parallelism");
+  std::vector<int64_t> keep;
+  if (!kept_columns(m, sel.col0, sel.cols, &keep)) {
+    std::string sizes;
+    for (int n : valid_tp_sizes(shard_.full)) {
+      bool ok = true;
+      for (int r = 0; r < n && ok; ++r) {
+        TpShard t;
+        shard_config(shard_.full, r, n, &t);
+        const ShardSelection s = select_shard(t, name, m.rows, m.cols);
+        std::vector<int64_t> k;
+        ok = s.whole || kept_columns(m, s.col0, s.cols, &k);
+      }
+      if (ok) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
+    }
+    FANTAI_THROW("tensor " << name << " (" << format << (m.perm ? ", act-order" : "") << ") cannot be split "
+                           << shard_.world << " ways: each rank would take " << sel.cols << " of its "
+                           << m.cols << " input columns, cutting quantization "
+                           << "groups of " << m.group << "; valid sizes: " << sizes);
+  }
+  const int64_t rows = sel.num_rows(), cols = static_cast<int64_t>(keep.size());
+  const int64_t ng = m.ngroups();
+  // Kept groups in storage order: whole groups (or the one group of a per-channel matrix).
+  std::vector<int64_t> groups;
+  if (m.group >= m.cols) groups.push_back(0);
+  else
+    for (int64_t c : keep)
+      if (groups.empty() || groups.back() != c / m.group) groups.push_back(c / m.group);
+  const int64_t lng = static_cast<int64_t>(groups.size());
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  std::vector<float> scale(static_cast<size_t>(rows * lng)), mins(m.min ? scale.size() : 0);
+  std::vector<uint8_t> zero(m.zero ? scale.size() : 0);
+  int64_t lr = 0;
+  for (const auto& [r0, n] : sel.rows)
+    for (int64_t r = r0; r < r0 + n; ++r, ++lr) {
+      const uint8_t* src = static_cast<const uint8_t*>(m.data) + r * m.ld;
+      for (int64_t c = 0; c < cols; ++c) q[lr * cols + c] = src[keep[c]];
+      for (int64_t g = 0; g < lng; ++g) {
+        scale[lr * lng + g] = m.scale[r * ng + groups[g]];
+        if (m.zero) zero[lr * lng + g] = m.zero[r * ng + groups[g]];
+        if (m.min) mins[lr * lng + g] = m.min[r * ng + groups[g]];
+      }
+    }
+  std::vector<int32_t> perm;
+  if (m.perm)
+    for (int64_t c : keep) perm.push_back(static_cast<int32_t>(m.perm[c] - sel.col0));
+  QuantMatrix local = m;
+  local.rows = rows;
+  local.cols = cols;
+  local.ld = cols;
+  local.group = m.group >= m.cols ? static_cast<int32_t>(cols) : m.group;
+  local.data = q.data();
+  local.scale = scale.data();
+  local.zero = m.zero ? zero.data() : nullptr;
+  local.min = m.min ? mins.data() : nullptr;
+  local.perm = m.perm ? perm.data() : nullptr;
+  return set_quant_local(name, local, format);
+}
+
+bool Weights::set_quant_local(const std::string& name, const QuantMatrix& canonical,
+                              const std::string& format) {
   Slot s = resolve(name);
   if (!s.buffer) {
     FANTAI_LOG(kDebug, "ignoring checkpoint tensor " << name);

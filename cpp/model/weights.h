@@ -124,6 +124,7 @@ class Weights {
                  const std::vector<int64_t>& shape);
   bool set_ggml_local(const std::string& name, const void* data, size_t nbytes, int32_t ggml_type,
                       int64_t rows, int64_t cols, const int32_t* row_perm);
+  bool set_quant_local(const std::string& name, const QuantMatrix& canonical, const std::string& format);
   bool set_resolved(const Slot& s, const std::string& name, const void* data, DType src_dtype);
   // Mixture of experts (weights_moe.cpp): expert and router names, transformers' fused 3-D expert
   // tensors split into experts, the finalize checks, packing and the backend's descriptors.

@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         # tokenizer's ~100k objects one by one would only delay the exit (~40 ms measured).
         import logging
 
+        from fantai.tp_launch import finalize
+
+        finalize()  # tensor parallelism: stop the other ranks and finalize MPI (a no-op without)
         sys.stdout.flush()
         sys.stderr.flush()
         logging.shutdown()

@@ -16,6 +16,7 @@ their share and join its all-reduces.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -68,6 +69,7 @@ def start_ranks(options: Any) -> int | None:
         if _C.tp_world_rank() > 0:
             _worker({f: getattr(options, f) for f in _LOAD_FIELDS} | {"threads": _threads(options, here)})
         _C.tp_connect(n, [], _timeout())
+        _finalize_at_exit()
         return _threads(options, here)
     threads = _threads(options, n)
     spec = {f: getattr(options, f) for f in _LOAD_FIELDS} | {"threads": threads}
@@ -76,7 +78,26 @@ def start_ranks(options: Any) -> int | None:
     spec["model"] = resolve_model(options.model)  # the workers must not resolve it differently
     logger.info("starting %d tensor-parallel ranks (%s threads each)", n, threads)
     _C.tp_connect(n, [sys.executable, "-m", "fantai.tp_launch", json.dumps(spec)], _timeout())
+    _finalize_at_exit()
     return threads
+
+
+_finalize_registered = False
+
+
+def finalize() -> bool:
+    """A clean stop of this process's tensor-parallel groups: rank 0 stops the ranks' step loops
+    (when an engine has not), then MPI is finalized on every rank, so a job under mpirun ends with
+    status 0. Skipped (False) when a group failed or never ran: that path leaves with an error
+    status of its own. Finalize waits at most the collective timeout for the other ranks."""
+    return bool(_C.tp_finalize(_timeout()))
+
+
+def _finalize_at_exit() -> None:
+    global _finalize_registered
+    if not _finalize_registered:
+        _finalize_registered = True
+        atexit.register(finalize)
 
 
 def _worker(spec: dict[str, Any]) -> None:
@@ -91,10 +112,12 @@ def _worker(spec: dict[str, Any]) -> None:
         loaded.model.set_matmul_precision(spec["matmul_precision"])
         logger.info("tensor-parallel rank %d loaded in %.2f s", rank, loaded.load_seconds)
         _C.tp_worker_loop(loaded.model)
+        # Rank 0 stopped the loop: a clean stop finalizes MPI (mpirun then exits 0).
+        finalize()
     except BaseException as e:  # rank 0 reports the failure to the user; this one says why here
         print(f"fantai tensor-parallel worker: {e}", file=sys.stderr, flush=True)
         code = 1
-    # MPI_Finalize would wait on ranks that may be gone; the OS reclaims everything anyway.
+    # After a failure MPI_Finalize would wait on ranks that may be gone: leave without it.
     sys.stdout.flush()
     os._exit(code)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,3 +177,203 @@ def test_served_tp2_answers_and_a_killed_rank_ends_it(tmp_path: Path) -> None:
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+# ---- two hosts: one rank in each of two network namespaces, over Open MPI's TCP transport ----
+# The namespaces are joined by a veth pair whose addresses exist only inside them; mpirun runs in
+# the first and starts the second rank's daemon through a launch agent that enters the second
+# (`ip netns exec`), as ssh would on another host. Nothing but TCP over the veth joins the ranks.
+NETNS_ADDRS = ("10.213.0.1", "10.213.0.2")
+TWO_HOSTS_TIMEOUT_S = 240
+
+
+def _netns_unavailable(probe: str) -> str:
+    if os.geteuid() != 0:
+        return "network namespaces need root (CAP_NET_ADMIN)"
+    for tool in ("ip", "mpirun"):
+        if not shutil.which(tool):
+            return f"no {tool!r} on PATH"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot make a network namespace: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ""
+
+
+def _sh(*cmd: str) -> None:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, f"{' '.join(cmd)}: {out.stderr}"
+
+
+def _two_host_mpirun(tmp_path: Path, ns: tuple[str, str], args: list[str], timeout: float
+                     ) -> subprocess.CompletedProcess:
+    agent = tmp_path / "netns_agent.sh"
+    agent.write_text("#!/bin/sh\n# mpirun's remote launch agent: 'AGENT [options] HOST COMMAND...'\n"
+                     'while [ "${1#-}" != "$1" ]; do shift; done\n'
+                     'host=$1; shift\ncase "$host" in\n'
+                     + "".join(f"  {a}) ns={n};;\n" for a, n in zip(NETNS_ADDRS, ns))
+                     + '  *) echo "netns agent: unknown host $host" >&2; exit 1;;\nesac\n'
+                     'exec ip netns exec "$ns" sh -c "$*"\n')
+    agent.chmod(0o755)
+    subnet = "10.213.0.0/24"
+    cmd = ["ip", "netns", "exec", ns[0], "mpirun", "-np", "2", "--host", ",".join(f"{a}:1" for a in NETNS_ADDRS),
+           "--mca", "plm_rsh_agent", str(agent), "--mca", "btl", "tcp,self",
+           "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
+           "--bind-to", "none", sys.executable, *args]
+    env = python_env() | {"PYTHONPATH": os.pathsep.join([str(HERE), python_env().get("PYTHONPATH", "")]),
+                          "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    # Its own session: on a timeout the whole job (mpirun, its daemon, both ranks) is killed.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the two-host run did not finish within {timeout} s:\n{out[-2000:]}\n{err[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_two_hosts_in_network_namespaces_match_tp1(tmp_path: Path) -> None:
+    """One rank in each of two network namespaces (a veth pair, addresses only inside them),
+    joined by mpirun over TCP: the same greedy tokens as TP = 1, logprobs within LOGPROB_ATOL,
+    and after the clean stop every rank finalizes MPI, so mpirun exits 0."""
+    tag = f"fta{os.getpid() % 100000}"
+    ns = (f"{tag}a", f"{tag}b")
+    reason = _netns_unavailable(f"{tag}p")
+    if reason:
+        pytest.skip(f"two-host test needs two network namespaces: {reason}")
+    path = build_tiny_model(tmp_path / "m", arch="llama", heads=4, kv_heads=2)
+    ref = _run(path, 1, "ref")["tp1"]
+    made: list[str] = []
+    try:
+        for n in ns:
+            _sh("ip", "netns", "add", n)
+            made.append(n)
+        # Deleting a namespace deletes the veth end inside it, and so the pair.
+        _sh("ip", "link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb")
+        for side, (n, addr) in zip("ab", zip(ns, NETNS_ADDRS)):
+            _sh("ip", "link", "set", f"{tag}v{side}", "netns", n)
+            _sh("ip", "-n", n, "addr", "add", f"{addr}/24", "dev", f"{tag}v{side}")
+            _sh("ip", "-n", n, "link", "set", f"{tag}v{side}", "up")
+            _sh("ip", "-n", n, "link", "set", "lo", "up")
+        res = _two_host_mpirun(tmp_path, ns, [str(HERE / "tp_run.py"), str(path), "2", "mpirun"],
+                               TWO_HOSTS_TIMEOUT_S)
+        assert res.returncode == 0, f"mpirun exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+        assert len(lines) == 1, res.stdout[-2000:]  # rank 0 alone reports
+        r = json.loads(lines[0])
+    finally:
+        for n in made:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
+    assert r["heads_per_rank"] == 2 and r["comm"]["world_size"] == 2
+    assert r["tp"]["tokens"] == ref["tokens"] and r["tp_again"]["tokens"] == ref["tokens"]
+    for a, b in zip(r["tp"]["logprobs"], ref["logprobs"]):
+        np.testing.assert_allclose(a, b, atol=LOGPROB_ATOL, rtol=0)
+    assert r["tp_again"]["logprobs"] == r["tp"]["logprobs"]
+    assert r["tp"]["free_blocks"] == r["tp"]["total_blocks"]
+    print(f"two namespaces: start-up {r['startup_s']:.2f} s, per step {r['per_step_ms']}")
+
+
+# ---- GPTQ / AWQ checkpoints: split along their quantization groups --------------------------
+# (format, bits, group, sym): grouped 4-bit GPTQ, per-channel 8-bit GPTQ (one scale per output
+# row, which every column shard keeps), and 4-bit AWQ. Hidden 64, 4 heads, MLP 128: the
+# row-parallel o (64 input columns) and down (128) split into whole groups of 32 per rank.
+QUANT_CHECKPOINTS = [("gptq", 4, 32, False), ("gptq", 8, -1, True), ("awq", 4, 32, False)]
+
+
+def _quantized_checkpoint(tmp_path: Path, fmt: str, bits: int, group: int, sym: bool, inter: int = 128,
+                          act_order: bool = False) -> Path:
+    from test_quant_formats import _write_quantized_twin
+
+    src = build_tiny_model(tmp_path / "src", arch="llama", heads=4, kv_heads=2, inter=inter)
+    _write_quantized_twin(src, tmp_path / "q", tmp_path / "dense", fmt, bits, group, sym, act_order)
+    return tmp_path / "q"
+
+
+@pytest.mark.parametrize(("fmt", "bits", "group", "sym"), QUANT_CHECKPOINTS)
+def test_gptq_awq_tp2_matches_tp1(tmp_path: Path, fmt: str, bits: int, group: int, sym: bool) -> None:
+    """A GPTQ / AWQ checkpoint at TP = 2 gives TP = 1's greedy tokens of the same checkpoint and
+    its logprobs within LOGPROB_ATOL (the default int8-activation kernels: their activation
+    blocks of 32 never straddle a group, so a rank's blocks are TP = 1's)."""
+    r = _run(_quantized_checkpoint(tmp_path, fmt, bits, group, sym), 2)
+    ref, tp, again = r["tp1"], r["tp"], r["tp_again"]
+    assert r["heads_per_rank"] == 2
+    assert tp["tokens"] == ref["tokens"]
+    for a, b in zip(tp["logprobs"], ref["logprobs"]):
+        np.testing.assert_allclose(a, b, atol=LOGPROB_ATOL, rtol=0)
+    assert again["tokens"] == tp["tokens"] and again["logprobs"] == tp["logprobs"]
+    assert tp["free_blocks"] == tp["total_blocks"]
+
+
+def test_gptq_split_that_cuts_a_group_is_refused(tmp_path: Path) -> None:
+    # MLP 160: down's 160 input columns give each of 2 ranks 80, not whole groups of 32.
+    err = _run(_quantized_checkpoint(tmp_path, "gptq", 4, 32, False, inter=160), 2, "refuse")["error"]
+    assert re.search(r"tensor model\.layers\.\d\.mlp\.down_proj\.weight \(int4g32\) cannot be split 2 ways: each "
+                     r"rank would take 80 of its 160 input columns, cutting quantization groups of 32; "
+                     r"valid sizes: 1$", err), err
+
+
+# ---- mpirun on one host: a clean stop finalizes MPI, a dead rank still ends the job fast -----
+def _mpirun(*args: str) -> list[str]:
+    if not shutil.which("mpirun"):
+        pytest.skip("no mpirun on PATH")
+    return ["mpirun", "-np", "2", "--bind-to", "none", sys.executable, str(HERE / "tp_run.py"), *args]
+
+
+def _mpirun_env() -> dict[str, str]:
+    return python_env() | {"PYTHONPATH": os.pathsep.join([str(HERE), python_env().get("PYTHONPATH", "")]),
+                           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                           "FANTAI_TP_TIMEOUT_S": "2", "FANTAI_TP_EXIT_GRACE_S": "1"}
+
+
+def test_mpirun_job_exits_zero_after_a_clean_stop(tmp_path: Path) -> None:
+    """Every rank finalizes MPI after rank 0 stops the group: mpirun's status is 0."""
+    path = build_tiny_model(tmp_path / "m", arch="llama", heads=4, kv_heads=2)
+    out = subprocess.run(_mpirun(str(path), "2", "mpirun"), env=_mpirun_env(), capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    r = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
+    assert r["comm"]["world_size"] == 2 and r["tp"]["tokens"] == r["tp_again"]["tokens"]
+
+
+def test_mpirun_job_with_a_killed_rank_exits_nonzero_fast(tmp_path: Path) -> None:
+    """The fault path skips MPI_Finalize: a rank killed mid-decode ends the job with a non-zero
+    status within 10 s."""
+    path = build_tiny_model(tmp_path / "m", arch="llama", heads=4, kv_heads=2, max_pos=4096)
+    proc = subprocess.Popen(_mpirun(str(path), "2", "mpirun-long"), env=_mpirun_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while not line.startswith("{") and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read()[-4000:]
+        rank0 = json.loads(line)["ready"]
+        time.sleep(0.5)  # decoding
+        ranks = [p for p in _descendants(proc.pid) if p != rank0 and b"tp_run.py" in
+                 Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(ranks) == 1, ranks
+        os.kill(ranks[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = proc.wait(timeout=10)
+        assert time.monotonic() - killed_at < 10
+        assert code != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_release_memory_returns_kv_pages_on_every_rank(tmp_path: Path) -> None:
+    """llm.release_memory() (and --idle-release-seconds) gives back the same blocks' pages on the
+    worker as on rank 0: an op on the step wire. Each rank holds half the KV heads, so the
+    worker's RSS falls by about what rank 0's resident KV bytes fall."""
+    # 8 KV heads of 64 over 4 layers: 8 KiB of KV per token per rank, 3200 tokens ~ 26 MiB each.
+    path = build_tiny_model(tmp_path / "m", arch="llama", hidden=512, heads=8, kv_heads=8, layers=4, inter=256)
+    r = _run(path, 2, "release")
+    assert len(r["worker"]) == 1 and r["released_blocks"] > 0
+    rank0_drop = r["rank0_before"] - r["rank0_after"]
+    assert rank0_drop > 16 << 20, r
+    worker_drop = r["worker_rss_before"][0] - r["worker_rss_after"][0]
+    assert worker_drop > rank0_drop // 2, r

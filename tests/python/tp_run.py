@@ -121,9 +121,10 @@ def main() -> None:
     if mode == "mpirun-long":  # rank 0 says it is ready, then decodes until a rank is killed
         llm = LLM(path, tensor_parallel_size=tp, dtype="float32", kv_cache_memory="16M", max_model_len=4096)
         print(json.dumps({"ready": os.getpid()}), flush=True)
-        llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True),
-                     use_tqdm=False)
-        return
+        # Really for ever: one 4,000-token request takes well under a second on an idle machine.
+        while True:
+            llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True),
+                         use_tqdm=False)
     out = {"tp1": run(LLM(path, **ENGINE))}
     llm = LLM(path, tensor_parallel_size=tp, **ENGINE)
     out["heads_per_rank"] = llm._model.config.num_heads

@@ -406,6 +406,7 @@ void bind_model(py::module_& m) {
       .def_property_readonly("device_free_memory",
                              [](const Model& mo) { return mo.backend()->free_memory(); })
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
+      .def("quant_bytes", [](Model& mo) { return mo.weights().quant_bytes(); })
       .def(
           "score",
           [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {

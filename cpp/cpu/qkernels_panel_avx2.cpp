@@ -35,10 +35,13 @@ FV_INLINE __m256 load_scale8(const float* a, int64_t i) {
   }
 }
 
-// The sub-scale layout's 8 lanes: f16 factor (element si) times int8 sub-scale (element i).
-FV_INLINE __m256 load_sub8(const float* f, const int8_t* s, int64_t si, int64_t i) {
-  const __m256 vf = _mm256_cvtph_ps(
+// The sub-scale layout's 8 lanes: the f16 factors (element si, read once per super-block), and
+// a group's scale as that factor times its int8 sub-scale (element i).
+FV_INLINE __m256 load_factor8(const float* f, int64_t si) {
+  return _mm256_cvtph_ps(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(f) + si)));
+}
+FV_INLINE __m256 load_sub8(__m256 vf, const int8_t* s, int64_t i) {
   return _mm256_mul_ps(
       vf, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i)))));
 }
@@ -61,16 +64,26 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) facc[r][u] = _mm256_setzero_ps();
+  __m256 vfs[U], vfm[U];  // the sub-scale layout's super-block factors
   for (int64_t g = 0; g < ng; ++g) {
     panel_prefetch_group<BITS, HZ, HM, HS>(w, pf0, pf1, g);
     __m256 vs[U], vz[U], vm[U];
+    if constexpr (HS == kScaleSub) {
+      if (g % w.fgroups == 0) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u) {
+          const int64_t si = ((p + u / 2) * (ng / w.fgroups) + g / w.fgroups) * 16 + 8 * (u & 1);
+          vfs[u] = load_factor8(w.fscale, si);
+          if constexpr (HM) vfm[u] = load_factor8(w.fmin, si);
+        }
+      }
+    }
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const int64_t gi = ((p + u / 2) * ng + g) * 16 + 8 * (u & 1);
       if constexpr (HS == kScaleSub) {
-        const int64_t si = ((p + u / 2) * (ng / w.fgroups) + g / w.fgroups) * 16 + 8 * (u & 1);
-        vs[u] = load_sub8(w.fscale, w.iscale, si, gi);
-        if constexpr (HM) vm[u] = load_sub8(w.fmin, w.imin, si, gi);
+        vs[u] = load_sub8(vfs[u], w.iscale, gi);
+        if constexpr (HM) vm[u] = load_sub8(vfm[u], w.imin, gi);
       } else {
         vs[u] = load_scale8<HS>(w.scale, gi);
         if constexpr (HM) vm[u] = load_scale8<HS>(w.min, gi);

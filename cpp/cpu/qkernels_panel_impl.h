@@ -31,11 +31,14 @@ template <int PC, bool HZ, bool HM, int HS>
 FP_INLINE void panel_group_scales(const QuantMatrix& w, int64_t p, int64_t g, __m512* vs, __m512* vz,
                                   __m512* vm) {
   const int64_t ng = w.ngroups();
+  // The super-block of group g and the super-blocks per panel row (divisions once per group,
+  // not per panel: an integer division costs more than the rest of the scale set-up).
+  const int64_t sg = HS == kScaleSub ? g / w.fgroups : 0, nsup = HS == kScaleSub ? ng / w.fgroups : 0;
 #pragma GCC unroll 4
   for (int c = 0; c < PC; ++c) {
     const int64_t gi = ((p + c) * ng + g) * 16;
     if constexpr (HS == kScaleSub) {
-      const int64_t si = ((p + c) * (ng / w.fgroups) + g / w.fgroups) * 16;
+      const int64_t si = ((p + c) * nsup + sg) * 16;
       vs[c] = panel_load_sub(w.fscale, w.iscale, si, gi);
       if constexpr (HM) vm[c] = panel_load_sub(w.fmin, w.imin, si, gi);
     } else {

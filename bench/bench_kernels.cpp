@@ -34,6 +34,7 @@
 #endif
 
 #include "backend/backend.h"
+#include "common/types.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
@@ -183,6 +184,11 @@ struct QFormat {
   const char* name;
   int bits, group, zero_point;
   bool min;
+  // K-quant scales: an f16 factor per super-block of `factor` groups times a small integer per
+  // group, as the file stores them. keep_factors: hand the backend the factors too (what the GGUF
+  // loader does, so the CPU keeps only them); false: only the f32 products (the layout before).
+  int factor = 0;
+  bool keep_factors = false;
 };
 const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},    {"q4_0", 4, 32, 8, false},
                              {"q8_0", 8, 32, 128, false}, {"q4_k", 4, 32, 0, true},
@@ -207,6 +213,30 @@ struct QWeight {
     for (auto& v : t.q) v = static_cast<uint8_t>(g() & ((1u << f.bits) - 1));
     t.scale.assign(rows * ng, 0.0078125f);  // f16 values, as the GGUF formats hold them
     if (f.min) t.min.assign(rows * ng, -0.0625f);
+    if (f.factor > 0 && ng % f.factor == 0) {
+      const int64_t nsup = ng / f.factor;
+      t.fscale.resize(rows * nsup);
+      t.iscale.resize(rows * ng);
+      for (int64_t i = 0; i < rows * nsup; ++i)
+        t.fscale[i] = f16_to_f32(f32_to_f16(0.0011f + 1e-6f * (i % 97)));
+      for (int64_t i = 0; i < rows * ng; ++i) t.iscale[i] = static_cast<int8_t>(1 + g() % 63);
+      if (f.min) {
+        t.fmin.assign(rows * nsup, f16_to_f32(f32_to_f16(-0.0013f)));
+        t.imin.resize(rows * ng);
+        for (auto& v : t.imin) v = static_cast<int8_t>(g() % 64);
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < ng; ++j) {
+          const int64_t i = r * ng + j, si = r * nsup + j / f.factor;
+          t.scale[i] = t.fscale[si] * static_cast<float>(t.iscale[i]);
+          if (f.min) t.min[i] = t.fmin[si] * static_cast<float>(t.imin[i]);
+        }
+      if (f.keep_factors) {
+        t.fgroups = f.factor;
+      } else {
+        t.fscale.clear(), t.iscale.clear(), t.fmin.clear(), t.imin.clear();
+      }
+    }
     bytes = be.quant_packed_bytes(t.view());
     mem = be.alloc(bytes);
     w = be.pack_quant(t.view(), mem);
@@ -262,6 +292,35 @@ void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t 
       bound[r * n + j] = 1.01 * q + gamma_f32(static_cast<double>(k) + 2) * mag[r * n + j];
     }
   check(name, y.data(), want.data(), bound);
+}
+
+// K-quant matrices as a GGUF holds them (factored scales), in the layout the loader gets now
+// (factors kept: f16 per super-block, int8 per group) and in the one before (f32 scale and min
+// per group), decode (m = 1) over 24 matrices of [4096, 4096] (more than the caches), one after
+// another; GB/s of the bytes the layout keeps, against the read-bandwidth probe.
+const QFormat kKFormats[] = {{"q4_k", 4, 32, 0, true, 8, true},
+                             {"q4_k f32 scales", 4, 32, 0, true, 8, false},
+                             {"q6_k", 8, 16, 32, false, 16, true},
+                             {"q6_k f32 scales", 8, 16, 32, false, 16, false}};
+
+void bench_kstep(Backend& b, const QFormat& f) {
+  const int64_t n = 4096, k = 4096, count = 24;
+  std::vector<QWeight> ws;
+  size_t bytes = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    ws.emplace_back(b, f, n, k, static_cast<uint32_t>(40 + i));
+    bytes += ws.back().bytes;
+  }
+  auto x = randn(k, 9);
+  std::vector<float> y(n);
+  const double us = time_us([&] {
+    for (const QWeight& w : ws) b.linear_q(x.data(), w.w, nullptr, y.data(), 1, n);
+  });
+  std::printf("kstep %-16s 24 x [4096, 4096] m=1: %8.0f us  %6.3f B/weight  %6.1f GB/s", f.name, us,
+              static_cast<double>(bytes) / (count * n * k), bytes / us * 1e-3);
+  if (g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  std::printf("\n");
 }
 
 // SmolLM2-135M's decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the
@@ -1198,7 +1257,7 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-          "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|amx-decode|moe] [--cpu-time] "
+          "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|kstep|amx-decode|moe] [--cpu-time] "
           "[--matmul-precision float32|bfloat16]\n",
           argv[0]);
       return 2;
@@ -1294,6 +1353,10 @@ int main(int argc, char** argv) {
     bench_attention(*b, "prefill", 1, 512, 512, DType::kBF16);
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kF32);
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kBF16);
+  }
+  if (only == "kstep") {  // not in the default run: 0.2-0.4 GB of weights
+    if (g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());
+    for (const QFormat& f : kKFormats) bench_kstep(*b, f);
   }
   if (only == "moe") {  // not in the default run: the experts take 0.4-1.2 GB
     if (g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());

@@ -145,6 +145,11 @@ QuantMatrix pack_quant(const QuantMatrix& c, void* dst, cudaStream_t stream) {
   p.zero = c.zero ? reinterpret_cast<const uint8_t*>(base + zero_at) : nullptr;
   p.min = c.min ? reinterpret_cast<const float*>(base + min_at) : nullptr;
   p.perm = c.perm ? reinterpret_cast<const int32_t*>(base + perm_at) : nullptr;
+  // The scale factoring (K-quants) is host memory of the canonical form; this layout keeps the
+  // f32 products only.
+  p.fgroups = 0;
+  p.fscale = p.fmin = nullptr;
+  p.iscale = p.imin = nullptr;
   return p;
 }
 

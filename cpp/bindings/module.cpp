@@ -428,6 +428,7 @@ void bind_model(py::module_& m) {
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
       .def_property_readonly("lm_head_seconds", &Model::lm_head_seconds)
       .def_property_readonly("lm_head_calls", &Model::lm_head_calls)
+      .def("quant_bytes", [](Model& mo) { return mo.weights().quant_bytes(); })
       .def(
           "score",
           [](Model& mo, const std::vector<int32_t>& ids, const std::string& kv_cache_dtype) {

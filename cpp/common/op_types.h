@@ -97,6 +97,16 @@ struct QuantMatrix {
   int32_t zero_point = 0;         // the zero of every group when zero == nullptr
   const float* min = nullptr;     // [rows, ngroups()] or nullptr
   const int32_t* perm = nullptr;  // [cols] or nullptr
+  // Optional factoring of scale and min, as GGUF K-quants and IQ4_XS store them (a super-block
+  // scale times a small integer per group): when fgroups > 0,
+  //   scale[r, g] == fscale[r, g / fgroups] * float(iscale[r, g])   (one f32 multiply, exactly)
+  // and, when min, min[r, g] == fmin[r, g / fgroups] * float(imin[r, g]). A canonical matrix
+  // carries it beside scale / min (which stay complete), so a backend may keep just the factors.
+  int32_t fgroups = 0;             // groups per super-block (ngroups() is a multiple); 0: none
+  const float* fscale = nullptr;   // [rows, ngroups() / fgroups]
+  const int8_t* iscale = nullptr;  // [rows, ngroups()]
+  const float* fmin = nullptr;     // [rows, ngroups() / fgroups] when min
+  const int8_t* imin = nullptr;    // [rows, ngroups()] when min
   int64_t ngroups() const { return group > 0 ? (cols + group - 1) / group : 0; }
 };
 

@@ -55,16 +55,34 @@ const QKernelTable& qkernels_for(Isa isa);
 // d = max|x| / 127), llama.cpp style; each block contributes
 //   scale * d * float(sum q*qx - zero * sum qx) + min * (d * sum qx)
 // in a fixed order (so the result is batch invariant, but not bit-equal to the f32 path).
+//
+// When the canonical matrix carries its file's factoring (QuantMatrix::fgroups: the K-quants and
+// IQ4_XS) and every super-block factor is an f16 value, only the factors are kept
+// (kCpuQuantPanelSubLayout): iscale / imin int8 [panels, ngroups, 16] (scale and min point at the
+// same bytes), fscale / fmin f16 [panels, ngroups / fgroups, 16] (float pointers at uint16 data).
+// The kernels form scale = fscale * float(iscale) per group and lane: the one f32 product ggml
+// forms, so every result is bit-equal to the f32 layout's.
 constexpr int32_t kCpuQuantPanelLayout = 2;
 constexpr int32_t kCpuQuantPanelHalfLayout = 3;
+constexpr int32_t kCpuQuantPanelSubLayout = 4;
 inline bool is_panel_layout(int32_t layout) {
-  return layout == kCpuQuantPanelLayout || layout == kCpuQuantPanelHalfLayout;
+  return layout == kCpuQuantPanelLayout || layout == kCpuQuantPanelHalfLayout ||
+         layout == kCpuQuantPanelSubLayout;
+}
+// How a panel matrix keeps its scales and mins (the kernels' compile-time HS parameter).
+constexpr int kScaleF32 = 0, kScaleF16 = 1, kScaleSub = 2;
+inline int panel_scale_mode(int32_t layout) {
+  return layout == kCpuQuantPanelHalfLayout  ? kScaleF16
+         : layout == kCpuQuantPanelSubLayout ? kScaleSub
+                                             : kScaleF32;
 }
 bool cpu_has_avx512_vnni();
 size_t cpu_quant_panel_bytes(const QuantMatrix& canonical);
 QuantMatrix cpu_pack_quant_panel(const QuantMatrix& canonical, void* dst);
 // Panel matrix row r, stored column order, exact QuantMatrix formula (for embedding_q).
 void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out);
+// The scale (of_min: the min) of row r, group g of a panel matrix, as f32, in any scale mode.
+float panel_scale_at(const QuantMatrix& w, bool of_min, int64_t r, int64_t g);
 
 // Activation blocks: 16 when the weight group is not a multiple of 32, else 32 (blocks never
 // straddle a group).

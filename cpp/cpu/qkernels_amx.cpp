@@ -144,7 +144,7 @@ FQ_INLINE void fold_block(const int32_t* cb, const float* d, const float* sx, co
 // tile i, panel c at 2i + c), A 4/5, B 6/7. The four products of block bi + 1 are issued before
 // block bi is folded in (from the other half of cbuf), so the tile unit and the vector units
 // overlap; four independent products per round hide the tile latency.
-template <int PC, bool TWO_ROWS, bool HZ, bool HM, bool HS>
+template <int PC, bool TWO_ROWS, bool HZ, bool HM, int HS>
 FQ_INLINE void row_pair(const QuantMatrix& w, int64_t nb, const float* bias, float* y, int64_t ldy, int64_t p,
                         int64_t r, int rows, const int8_t* xa, const uint8_t* wb, int64_t panel_stride,
                         int32_t* cbuf, float* fa, const float* fd, const float* fsx, const float* fdsx) {
@@ -229,7 +229,7 @@ void configure(int B) {
   amx::load_config(cfg);
 }
 
-template <int PC, int BITS, bool HZ, bool HM, bool HS>
+template <int PC, int BITS, bool HZ, bool HM, int HS>
 FQ_INLINE void panels_rows(const QuantMatrix& w, int64_t nb, const float* bias, float* y, int64_t ldy,
                            int64_t p, int64_t m, const int8_t* apk, const uint8_t* wb, int64_t panel_stride,
                            int32_t* cbuf, float* fa, const RowFactors& f) {
@@ -246,7 +246,7 @@ FQ_INLINE void panels_rows(const QuantMatrix& w, int64_t nb, const float* bias, 
   }
 }
 
-template <int BITS, bool HZ, bool HM, bool HS>
+template <int BITS, bool HZ, bool HM, int HS>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy, int64_t p0, int64_t p1) {
   const int B = xq_block(w);

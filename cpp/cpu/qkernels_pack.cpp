@@ -34,6 +34,7 @@ bool uniform_zero(const QuantMatrix& m, int32_t* value) {
 
 struct Offsets {
   size_t scale, zero, min, perm, total;
+  size_t fscale = 0, fmin = 0;  // the sub-scale panel layout's super-block factors
 };
 
 Offsets packed_offsets(const QuantMatrix& m) {
@@ -68,6 +69,9 @@ QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
   QuantMatrix p = m;
   p.layout = kCpuQuantLayout;
   p.ld = packed_ld(m.bits, m.cols);
+  p.fgroups = 0;  // f32 products only: the factors are the canonical form's host memory
+  p.fscale = p.fmin = nullptr;
+  p.iscale = p.imin = nullptr;
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
   uint8_t* out = reinterpret_cast<uint8_t*>(base);
   for (int64_t r = 0; r < m.rows; ++r) {
@@ -143,10 +147,34 @@ bool half_scales(const QuantMatrix& m) {
   return true;
 }
 
-Offsets panel_offsets(const QuantMatrix& m, bool half) {
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+// Whether the matrix's factoring (QuantMatrix::fgroups) can replace its scales: complete, every
+// factor an f16 value, and each product exactly the scale (or min) it stands for.
+bool sub_scales(const QuantMatrix& m) {
+  const int64_t ng = m.ngroups();
+  if (m.fgroups <= 0 || ng % m.fgroups != 0 || !m.fscale || !m.iscale) return false;
+  if (m.min && (!m.fmin || !m.imin)) return false;
+  const int64_t nsup = ng / m.fgroups;
+  for (int64_t i = 0; i < m.rows * nsup; ++i)
+    if (!is_half(m.fscale[i]) || (m.min && !is_half(m.fmin[i]))) return false;
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t i = r * ng + g, si = r * nsup + g / m.fgroups;
+      if (!same_bits(m.scale[i], m.fscale[si] * static_cast<float>(m.iscale[i]))) return false;
+      if (m.min && !same_bits(m.min[i], m.fmin[si] * static_cast<float>(m.imin[i]))) return false;
+    }
+  return true;
+}
+
+int panel_mode(const QuantMatrix& m) {
+  return sub_scales(m) ? kScaleSub : half_scales(m) ? kScaleF16 : kScaleF32;
+}
+
+Offsets panel_offsets(const QuantMatrix& m, int mode) {
   const int64_t panels = (m.rows + 15) / 16;
   const size_t n = static_cast<size_t>(panels * m.ngroups() * 16);
-  const size_t es = half ? 2 : 4;
+  const size_t es = mode == kScaleF32 ? 4 : mode == kScaleF16 ? 2 : 1;
   int32_t zp;
   Offsets o;
   size_t at = align64(static_cast<size_t>(panels * panel_ld(m)));
@@ -158,6 +186,13 @@ Offsets panel_offsets(const QuantMatrix& m, bool half) {
   if (m.min) at = align64(at + n * es);
   o.perm = at;
   if (m.perm) at = align64(at + static_cast<size_t>(m.cols) * sizeof(int32_t));
+  if (mode == kScaleSub) {
+    const size_t nf = static_cast<size_t>(panels * (m.ngroups() / m.fgroups) * 16) * 2;
+    o.fscale = at;
+    at = align64(at + nf);
+    o.fmin = at;
+    if (m.min) at = align64(at + nf);
+  }
   o.total = at;
   return o;
 }
@@ -180,17 +215,21 @@ size_t panel_pos(const QuantMatrix& m, int64_t r, int64_t c, int64_t ld, bool* h
 
 size_t cpu_quant_panel_bytes(const QuantMatrix& m) {
   check_quant_matrix(m);
-  return panel_offsets(m, half_scales(m)).total;
+  return panel_offsets(m, panel_mode(m)).total;
 }
 
 QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   check_quant_matrix(m);
-  const bool half = half_scales(m);
-  const Offsets o = panel_offsets(m, half);
+  const int mode = panel_mode(m);
+  const bool half = mode == kScaleF16, sub = mode == kScaleSub;
+  const Offsets o = panel_offsets(m, mode);
   char* base = static_cast<char*>(dst);
   std::memset(base, 0, o.total);
   QuantMatrix p = m;
-  p.layout = half ? kCpuQuantPanelHalfLayout : kCpuQuantPanelLayout;
+  p.layout = sub ? kCpuQuantPanelSubLayout : half ? kCpuQuantPanelHalfLayout : kCpuQuantPanelLayout;
+  p.fgroups = sub ? m.fgroups : 0;
+  p.fscale = p.fmin = nullptr;
+  p.iscale = p.imin = nullptr;
   p.ld = panel_ld(m);
   uint8_t* out = reinterpret_cast<uint8_t*>(base);
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
@@ -228,13 +267,37 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
       std::memcpy(base + region + at * 4, &v, 4);
     }
   };
+  const int64_t nsup = sub ? ng / m.fgroups : 0;
   for (int64_t r = 0; r < m.rows; ++r)
     for (int64_t g = 0; g < ng; ++g) {
       const size_t at = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
-      put(o.scale, at, m.scale[r * ng + g]);
-      if (m.min) put(o.min, at, m.min[r * ng + g]);
+      if (sub) {
+        base[o.scale + at] = static_cast<char>(m.iscale[r * ng + g]);
+        if (m.min) base[o.min + at] = static_cast<char>(m.imin[r * ng + g]);
+      } else {
+        put(o.scale, at, m.scale[r * ng + g]);
+        if (m.min) put(o.min, at, m.min[r * ng + g]);
+      }
       if (zero) zero[at] = m.zero[r * ng + g];
     }
+  if (sub) {
+    for (int64_t r = 0; r < m.rows; ++r)
+      for (int64_t s = 0; s < nsup; ++s) {
+        const size_t at = static_cast<size_t>(((r / 16) * nsup + s) * 16 + r % 16);
+        const uint16_t h = f32_to_f16(m.fscale[r * nsup + s]);
+        std::memcpy(base + o.fscale + at * 2, &h, 2);
+        if (m.min) {
+          const uint16_t hm = f32_to_f16(m.fmin[r * nsup + s]);
+          std::memcpy(base + o.fmin + at * 2, &hm, 2);
+        }
+      }
+    p.fscale = reinterpret_cast<const float*>(base + o.fscale);
+    p.iscale = reinterpret_cast<const int8_t*>(base + o.scale);
+    if (m.min) {
+      p.fmin = reinterpret_cast<const float*>(base + o.fmin);
+      p.imin = reinterpret_cast<const int8_t*>(base + o.min);
+    }
+  }
   p.scale = reinterpret_cast<const float*>(base + o.scale);
   p.min = m.min ? reinterpret_cast<const float*>(base + o.min) : nullptr;
   p.zero = zero;
@@ -247,6 +310,22 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   return p;
 }
 
+float panel_scale_at(const QuantMatrix& w, bool of_min, int64_t r, int64_t g) {
+  const int64_t ng = w.ngroups();
+  const size_t i = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
+  const float* a = of_min ? w.min : w.scale;
+  switch (panel_scale_mode(w.layout)) {
+    case kScaleF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]);
+    case kScaleSub: {
+      const int64_t nsup = ng / w.fgroups;
+      const size_t si = static_cast<size_t>(((r / 16) * nsup + g / w.fgroups) * 16 + r % 16);
+      const float f = f16_to_f32(reinterpret_cast<const uint16_t*>(of_min ? w.fmin : w.fscale)[si]);
+      return f * static_cast<float>((of_min ? w.imin : w.iscale)[i]);
+    }
+    default: return a[i];
+  }
+}
+
 void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out) {
   const uint8_t* data = static_cast<const uint8_t*>(w.data);
   const int64_t ng = w.ngroups();
@@ -254,14 +333,11 @@ void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out) {
     bool high;
     const uint8_t b = data[panel_pos(w, r, c, w.ld, &high)];
     const int q = w.bits == 8 ? b : high ? b >> 4 : b & 15;
-    const size_t i = static_cast<size_t>(((r / 16) * ng + c / w.group) * 16 + r % 16);
+    const int64_t g = c / w.group;
+    const size_t i = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
     const int z = w.zero ? w.zero[i] : w.zero_point;
-    const bool half = w.layout == kCpuQuantPanelHalfLayout;
-    auto get = [&](const float* a) {
-      return half ? f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]) : a[i];
-    };
-    volatile float v = get(w.scale) * static_cast<float>(q - z);
-    out[c] = w.min ? v + get(w.min) : v;
+    volatile float v = panel_scale_at(w, false, r, g) * static_cast<float>(q - z);
+    out[c] = w.min ? v + panel_scale_at(w, true, r, g) : v;
   }
 }
 

@@ -25,9 +25,9 @@ FV_INLINE __m256i bcast4(const int8_t* p) {
 
 // 8 lanes (rows 8u .. 8u + 7 of a panel's 16) of a scale or min at element i: f32, or f16 in the
 // half-scale layout.
-template <bool HS>
+template <int HS>
 FV_INLINE __m256 load_scale8(const float* a, int64_t i) {
-  if constexpr (HS) {
+  if constexpr (HS == kScaleF16) {
     return _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(a) + i)));
   } else {
@@ -35,12 +35,23 @@ FV_INLINE __m256 load_scale8(const float* a, int64_t i) {
   }
 }
 
+// The sub-scale layout's 8 lanes: the f16 factors (element si, read once per super-block), and
+// a group's scale as that factor times its int8 sub-scale (element i).
+FV_INLINE __m256 load_factor8(const float* f, int64_t si) {
+  return _mm256_cvtph_ps(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(f) + si)));
+}
+FV_INLINE __m256 load_sub8(__m256 vf, const int8_t* s, int64_t i) {
+  return _mm256_mul_ps(
+      vf, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i)))));
+}
+
 #include "cpu/qkernels_panel_prefetch.h"
 
 // A tile is R activation rows x U units (pf0 .. pf1: the panels to prefetch, see
 // qkernels_panel_prefetch.h), a unit being 8 consecutive rows of W (half a panel): unit
 // u of the tile is half (u & 1) of panel p + u / 2. A 64-byte panel step is two 32-byte unit steps.
-template <int R, int U, int BITS, bool HZ, bool HM, bool HS>
+template <int R, int U, int BITS, bool HZ, bool HM, int HS>
 FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                          int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
@@ -53,19 +64,35 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) facc[r][u] = _mm256_setzero_ps();
+  __m256 vfs[U], vfm[U];  // the sub-scale layout's super-block factors
   for (int64_t g = 0; g < ng; ++g) {
     panel_prefetch_group<BITS, HZ, HM, HS>(w, pf0, pf1, g);
     __m256 vs[U], vz[U], vm[U];
+    if constexpr (HS == kScaleSub) {
+      if (g % w.fgroups == 0) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u) {
+          const int64_t si = ((p + u / 2) * (ng / w.fgroups) + g / w.fgroups) * 16 + 8 * (u & 1);
+          vfs[u] = load_factor8(w.fscale, si);
+          if constexpr (HM) vfm[u] = load_factor8(w.fmin, si);
+        }
+      }
+    }
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const int64_t gi = ((p + u / 2) * ng + g) * 16 + 8 * (u & 1);
-      vs[u] = load_scale8<HS>(w.scale, gi);
+      if constexpr (HS == kScaleSub) {
+        vs[u] = load_sub8(vfs[u], w.iscale, gi);
+        if constexpr (HM) vm[u] = load_sub8(vfm[u], w.imin, gi);
+      } else {
+        vs[u] = load_scale8<HS>(w.scale, gi);
+        if constexpr (HM) vm[u] = load_scale8<HS>(w.min, gi);
+      }
       if constexpr (HZ) {
         vz[u] = w.zero ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero + gi))))
                        : _mm256_set1_ps(static_cast<float>(w.zero_point));
       }
-      if constexpr (HM) vm[u] = load_scale8<HS>(w.min, gi);
     }
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
@@ -167,7 +194,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   }
 }
 
-template <int RR, int U, int BITS, bool HZ, bool HM, bool HS>
+template <int RR, int U, int BITS, bool HZ, bool HM, int HS>
 FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                          int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
@@ -176,7 +203,7 @@ FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w,
   unit_tile<RR, U, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0);
 }
 
-template <int BITS, bool HZ, bool HM, bool HS>
+template <int BITS, bool HZ, bool HM, int HS>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {

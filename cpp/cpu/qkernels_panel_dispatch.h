@@ -1,5 +1,6 @@
 // cpu: the entry point every SIMD panel kernel file shares: linear_panel switches at run time on
-// bits (4 | 8), whether groups have a zero (HZ) and a min (HM), and whether scales are f16 (HS),
+// bits (4 | 8), whether groups have a zero (HZ) and a min (HM), and how scales are kept (HS:
+// kScaleF32 / kScaleF16 / kScaleSub),
 // to the file's compile-time instantiation linear_panel_t<BITS, HZ, HM, HS>. No intrinsics here;
 // include it inside the anonymous namespace of the kernel file, after linear_panel_t.
 #pragma once
@@ -7,8 +8,11 @@
 template <int BITS, bool HZ, bool HM>
 void panel_dispatch_hs(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                        int64_t ldy, int64_t p0, int64_t p1) {
-  if (w.layout == kCpuQuantPanelHalfLayout) linear_panel_t<BITS, HZ, HM, true>(x, w, bias, y, m, ldy, p0, p1);
-  else linear_panel_t<BITS, HZ, HM, false>(x, w, bias, y, m, ldy, p0, p1);
+  switch (panel_scale_mode(w.layout)) {
+    case kScaleF16: return linear_panel_t<BITS, HZ, HM, kScaleF16>(x, w, bias, y, m, ldy, p0, p1);
+    case kScaleSub: return linear_panel_t<BITS, HZ, HM, kScaleSub>(x, w, bias, y, m, ldy, p0, p1);
+    default: return linear_panel_t<BITS, HZ, HM, kScaleF32>(x, w, bias, y, m, ldy, p0, p1);
+  }
 }
 
 void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,

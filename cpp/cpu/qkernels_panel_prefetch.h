@@ -14,16 +14,28 @@ FPF_INLINE void panel_prefetch_bytes(const void* base, int64_t lo, int64_t hi) {
 }
 
 // Group g of panels q0 .. q1 - 1 (an empty range asks for nothing).
-template <int BITS, bool HZ, bool HM, bool HS>
+template <int BITS, bool HZ, bool HM, int HS>
 FPF_INLINE void panel_prefetch_group(const QuantMatrix& w, int64_t q0, int64_t q1, int64_t g) {
   const int64_t ng = w.ngroups();
   const int64_t gbytes = BITS == 8 ? w.group * 16 : w.group * 8;
-  constexpr int64_t sbytes = HS ? 2 : 4;
+  constexpr int64_t sbytes = HS == kScaleF32 ? 4 : HS == kScaleF16 ? 2 : 1;
+  if (q0 >= q1) return;
+  // Sub-scale layout: the super-block factors are asked for at a super-block's first group.
+  const bool first = HS == kScaleSub && g % w.fgroups == 0;
+  const int64_t sg = first ? g / w.fgroups : 0, nsup = first ? ng / w.fgroups : 0;
   for (int64_t q = q0; q < q1; ++q) {
     const int64_t gi = (q * ng + g) * 16;
     panel_prefetch_bytes(w.data, q * w.ld + g * gbytes, q * w.ld + (g + 1) * gbytes);
     panel_prefetch_bytes(w.scale, gi * sbytes, (gi + 16) * sbytes);
     if constexpr (HM) panel_prefetch_bytes(w.min, gi * sbytes, (gi + 16) * sbytes);
+    if constexpr (HS == kScaleSub) {
+      // The super-block factors (32 bytes per panel), once per super-block.
+      if (first) {
+        const int64_t si = (q * nsup + sg) * 16;
+        panel_prefetch_bytes(w.fscale, si * 2, (si + 16) * 2);
+        if constexpr (HM) panel_prefetch_bytes(w.fmin, si * 2, (si + 16) * 2);
+      }
+    }
     if constexpr (HZ) {
       if (w.zero) panel_prefetch_bytes(w.zero, gi, gi + 16);
     }

@@ -12,11 +12,6 @@
 namespace fantai::cpu {
 namespace {
 
-// Scale or min i of a panel matrix as f32 (f16 in the half layout).
-inline float panel_value(const QuantMatrix& w, const float* a, int64_t i) {
-  return w.layout == kCpuQuantPanelHalfLayout ? f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]) : a[i];
-}
-
 void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                   int64_t ldy, int64_t p0, int64_t p1) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
@@ -35,9 +30,9 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
         float acc = 0.f;
         for (int64_t g = 0; g < ng; ++g) {
           const int64_t gi = (p * ng + g) * 16 + lane;
-          const float s = panel_value(w, w.scale, gi);
+          const float s = panel_scale_at(w, false, j, g);
           const float z = static_cast<float>(w.zero ? w.zero[gi] : w.zero_point);
-          const float mn = w.min ? panel_value(w, w.min, gi) : 0.f;
+          const float mn = w.min ? panel_scale_at(w, true, j, g) : 0.f;
           const int64_t g0 = g * G, g1 = std::min<int64_t>(g0 + G, k);
           for (int64_t b0 = g0; b0 < g1; b0 += B) {
             const int64_t b1 = std::min<int64_t>(b0 + B, g1), bi = b0 / B;

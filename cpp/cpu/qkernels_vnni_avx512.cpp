@@ -36,7 +36,7 @@ FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // R activation rows x PC panels. Integer sums inside a block are exact, so only the per-block
 // float updates have an order, and it is fixed by (k, group, block). pf0 .. pf1: the panels to
 // prefetch (see qkernels_panel_prefetch.h).
-template <int R, int PC, int BITS, bool HZ, bool HM, bool HS>
+template <int R, int PC, int BITS, bool HZ, bool HM, int HS>
 FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                           int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
@@ -127,7 +127,7 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
   }
 }
 
-template <int RR, int PC, int BITS, bool HZ, bool HM, bool HS>
+template <int RR, int PC, int BITS, bool HZ, bool HM, int HS>
 FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                           int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
@@ -136,7 +136,7 @@ FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w
   panel_tile<RR, PC, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0);
 }
 
-template <int BITS, bool HZ, bool HM, bool HS>
+template <int BITS, bool HZ, bool HM, int HS>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {

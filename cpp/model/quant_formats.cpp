@@ -103,9 +103,49 @@ void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
   }
 }
 
+// The per-super-block factors of one row (QuantMatrix::fgroups), or all nullptr for the types
+// that have none.
+struct RowFactors {
+  float* fscale = nullptr;
+  int8_t* iscale = nullptr;
+  float* fmin = nullptr;
+  int8_t* imin = nullptr;
+};
+
+// Sub-block s of super-block b: scale = d * i (and min = dm * j), the products ggml forms, with
+// the factors recorded. -(dmin * m) is stored as (-dmin) * m: the same f32 value (IEEE
+// multiplication is symmetric in sign).
+void put_factored(const RowFactors& f, int64_t b, int64_t per, int s, float d, int i, float* scale) {
+  scale[b * per + s] = d * static_cast<float>(i);
+  if (f.iscale) {
+    f.fscale[b] = d;
+    f.iscale[b * per + s] = static_cast<int8_t>(i);
+  }
+}
+void put_factored_min(const RowFactors& f, int64_t b, int64_t per, int s, float dm, int j, float* min) {
+  min[b * per + s] = -(dm * static_cast<float>(j));
+  if (f.imin) {
+    f.fmin[b] = -dm;
+    f.imin[b * per + s] = static_cast<int8_t>(j);
+  }
+}
+
+// Groups per super-block of the types whose scales are factored (0: none).
+int32_t factor_groups(int32_t type) {
+  switch (type) {
+    case kGgmlQ2_K:
+    case kGgmlQ3_K:
+    case kGgmlQ6_K: return 16;
+    case kGgmlQ4_K:
+    case kGgmlQ5_K:
+    case kGgmlIQ4_XS: return 8;
+  }
+  return 0;
+}
+
 // One row of blocks into q / scale / zero / min at element offset 0 of the row.
 void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, float* scale, uint8_t* zero,
-                float* min) {
+                float* min, const RowFactors& f) {
   const BlockInfo bi = block_info(type);
   const int64_t nb = cols / bi.elems;
   for (int64_t b = 0; b < nb; ++b, src += bi.bytes) {
@@ -163,8 +203,8 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
         if (q2) {
           const float d = half(src + 80), dmin = half(src + 82);
           for (int s = 0; s < 16; ++s) {
-            scale[b * 16 + s] = d * static_cast<float>(src[s] & 0xF);
-            min[b * 16 + s] = -(dmin * static_cast<float>(src[s] >> 4));
+            put_factored(f, b, 16, s, d, src[s] & 0xF, scale);
+            put_factored_min(f, b, 16, s, dmin, src[s] >> 4, min);
           }
         } else {
           // 6-bit scale s: low 4 bits in byte s (s < 8) or the high nibble of byte s - 8, high 2
@@ -174,7 +214,7 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
           for (int s = 0; s < 16; ++s) {
             const int low = s < 8 ? sc[s] & 0xF : sc[s - 8] >> 4;
             const int high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
-            scale[b * 16 + s] = d * static_cast<float>((low | (high << 4)) - 32);
+            put_factored(f, b, 16, s, d, (low | (high << 4)) - 32, scale);
           }
         }
         break;
@@ -197,7 +237,7 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
         for (int j = 0; j < 8; ++j) {
           const int low = (src[4 + j / 2] >> (4 * (j % 2))) & 0xF;
           const int high = (sh >> (2 * j)) & 3;
-          scale[b * 8 + j] = d * static_cast<float>((low | (high << 4)) - 32);
+          put_factored(f, b, 8, j, d, (low | (high << 4)) - 32, scale);
           for (int l = 0; l < 16; ++l) {
             qb[32 * j + l] = iq4_value(qs[16 * j + l]);
             qb[32 * j + 16 + l] = iq4_value(qs[16 * j + l] >> 4);
@@ -219,8 +259,8 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
             const int j = 2 * p + h;
             uint8_t s6, m6;
             scale_min_k4(j, sc, &s6, &m6);
-            scale[b * 8 + j] = d * static_cast<float>(s6);
-            min[b * 8 + j] = -(dmin * static_cast<float>(m6));
+            put_factored(f, b, 8, j, d, s6, scale);
+            put_factored_min(f, b, 8, j, dmin, m6, min);
             for (int l = 0; l < 32; ++l) {
               int v = h ? qs[32 * p + l] >> 4 : qs[32 * p + l] & 0xF;
               if (type == kGgmlQ5_K && (qh[l] >> j) & 1) v += 16;
@@ -247,7 +287,7 @@ void decode_row(int32_t type, const uint8_t* src, int64_t cols, uint8_t* q, floa
               const int high = (qh[32 * n + l] >> (2 * t)) & 3;
               qb[128 * n + 32 * t + l] = static_cast<uint8_t>(low | (high << 4));
             }
-        for (int s = 0; s < 16; ++s) scale[b * 16 + s] = d * static_cast<float>(sc[s]);
+        for (int s = 0; s < 16; ++s) put_factored(f, b, 16, s, d, sc[s], scale);
         break;
       }
       default: FANTAI_THROW("GGUF type " << type << " is not a block format");
@@ -327,6 +367,13 @@ QuantMatrix QuantTensor::view() const {
   m.zero_point = zero_point;
   m.min = min.empty() ? nullptr : min.data();
   m.perm = perm.empty() ? nullptr : perm.data();
+  if (fgroups > 0) {
+    m.fgroups = fgroups;
+    m.fscale = fscale.data();
+    m.iscale = iscale.data();
+    m.fmin = fmin.empty() ? nullptr : fmin.data();
+    m.imin = imin.empty() ? nullptr : imin.data();
+  }
   return m;
 }
 
@@ -350,13 +397,32 @@ QuantTensor ggml_decode(const void* data, size_t nbytes, int32_t type, int64_t r
   t.q.resize(static_cast<size_t>(rows * cols));
   t.scale.resize(static_cast<size_t>(rows * ng));
   if (has_min) t.min.resize(static_cast<size_t>(rows * ng));
+  t.fgroups = factor_groups(type);
+  const int64_t nsup = t.fgroups ? ng / t.fgroups : 0;
+  if (t.fgroups) {
+    t.fscale.resize(static_cast<size_t>(rows * nsup));
+    t.iscale.resize(static_cast<size_t>(rows * ng));
+    if (has_min) {
+      t.fmin.resize(static_cast<size_t>(rows * nsup));
+      t.imin.resize(static_cast<size_t>(rows * ng));
+    }
+  }
   const size_t row_bytes = want / static_cast<size_t>(rows);
   const uint8_t* src = static_cast<const uint8_t*>(data);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t s = row_perm ? row_perm[r] : r;
     FANTAI_REQUIRE(s >= 0 && s < rows, "row_perm[" << r << "] = " << s << " is outside [0, " << rows << ")");
+    RowFactors f;
+    if (t.fgroups) {
+      f.fscale = t.fscale.data() + r * nsup;
+      f.iscale = t.iscale.data() + r * ng;
+      if (has_min) {
+        f.fmin = t.fmin.data() + r * nsup;
+        f.imin = t.imin.data() + r * ng;
+      }
+    }
     decode_row(type, src + static_cast<size_t>(s) * row_bytes, cols, t.q.data() + r * cols,
-               t.scale.data() + r * ng, nullptr, has_min ? t.min.data() + r * ng : nullptr);
+               t.scale.data() + r * ng, nullptr, has_min ? t.min.data() + r * ng : nullptr, f);
   }
   // A NaN or infinite block scale (a corrupt or hostile file) would poison every logit downstream.
   for (size_t i = 0; i < t.scale.size(); ++i) {

@@ -50,7 +50,11 @@ struct QuantTensor {
   int32_t zero_point = 0;
   std::vector<float> min;     // [rows, ngroups] or empty
   std::vector<int32_t> perm;  // [cols] or empty
-  std::string format;         // "q4_k", "int4g32", ...
+  // The file's factoring of scale / min (QuantMatrix::fgroups): K-quants and IQ4_XS, else empty.
+  int32_t fgroups = 0;
+  std::vector<float> fscale, fmin;   // [rows, ngroups / fgroups]
+  std::vector<int8_t> iscale, imin;  // [rows, ngroups]
+  std::string format;                // "q4_k", "int4g32", ...
   QuantMatrix view() const;
 };
 

@@ -184,7 +184,8 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
                            << s.rows << ", " << s.cols << "] from config.json");
   QuantPart part;
   part.row0 = s.row_offset;
-  part.mem = Buffer(backend_, backend_->quant_packed_bytes(canonical), false);
+  const size_t bytes = backend_->quant_packed_bytes(canonical);
+  part.mem = Buffer(backend_, bytes, false);
   part.w = backend_->pack_quant(canonical, part.mem.data());
   std::lock_guard<std::mutex> lock(mu_);
   QuantParts& parts = *s.qparts;
@@ -194,6 +195,7 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
   parts.push_back(std::move(part));
   loaded_.push_back(name);
   formats_[name] = format;
+  quant_bytes_[name] = bytes;
 }
 
 // A GGUF block is never cut: a column split must fall on block boundaries (32 or 256 values).

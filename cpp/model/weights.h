@@ -100,6 +100,9 @@ class Weights {
   const std::string& quantization() const { return quantization_; }
   // Hugging Face name -> resident format ("q4_1", "int4g32", "bf16", "f32", ...).
   const std::map<std::string, std::string>& formats() const { return formats_; }
+  // Hugging Face name -> bytes the backend keeps for that tensor when it is held quantized (its
+  // packed layout: values, scales, mins, zeros, padding), to set beside the file's bytes.
+  const std::map<std::string, size_t>& quant_bytes() const { return quant_bytes_; }
   const LayerWeights& layer(int i) const { return layers_[i]; }
   // The experts of sparse layer i as the backend takes them (valid after finalize).
   MoeExperts moe_experts(int i) const;
@@ -152,6 +155,7 @@ class Weights {
   Buffer lm_head_packed_;  // the dense lm_head (own or tied) in the backend's packed layout
   QuantParts embed_q_, lm_head_q_;
   std::map<std::string, std::string> formats_;
+  std::map<std::string, size_t> quant_bytes_;
   std::vector<LayerWeights> layers_;
   std::vector<std::string> loaded_;
   // Guards the bookkeeping the setters share (parts lists, lazily made fused buffers, loaded_,

@@ -266,15 +266,64 @@ void round_scales_to_half(QuantTensor* t) {
   for (auto& v : t->min) v = f16_to_f32(f32_to_f16(v));
 }
 
+// Scales (and mins) made of an f16 factor per super-block times an int8 per group, as the GGUF
+// K-quants store them: the panel layout then keeps only the factors (kCpuQuantPanelSubLayout).
+// Super-blocks of 8, 4, 3, 2 or 1 groups (the first that divides the row's groups); the factors'
+// full int8 range, negative factors, and products that are not f16 values.
+void factor_scales(QuantTensor* t, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int64_t ng = (t->cols + t->group - 1) / t->group;
+  int32_t fg = 1;
+  for (int32_t c : {8, 4, 3, 2})
+    if (ng % c == 0) {
+      fg = c;
+      break;
+    }
+  const int64_t nsup = ng / fg;
+  std::uniform_real_distribution<float> fd(0.0001f, 0.002f);
+  std::uniform_int_distribution<int> id(-128, 127), md(0, 63);
+  t->fgroups = fg;
+  t->fscale.resize(t->rows * nsup);
+  t->iscale.resize(t->rows * ng);
+  for (size_t i = 0; i < t->fscale.size(); ++i)
+    t->fscale[i] = f16_to_f32(f32_to_f16((i % 5 == 4 ? -1.f : 1.f) * fd(g)));
+  for (auto& v : t->iscale) v = static_cast<int8_t>(id(g));
+  if (!t->min.empty()) {
+    t->fmin.resize(t->rows * nsup);
+    t->imin.resize(t->rows * ng);
+    for (auto& v : t->fmin) v = f16_to_f32(f32_to_f16(-fd(g)));
+    for (auto& v : t->imin) v = static_cast<int8_t>(md(g));
+  }
+  for (int64_t r = 0; r < t->rows; ++r)
+    for (int64_t j = 0; j < ng; ++j) {
+      const int64_t i = r * ng + j, si = r * nsup + j / fg;
+      t->scale[i] = t->fscale[si] * static_cast<float>(t->iscale[i]);
+      if (!t->min.empty()) t->min[i] = t->fmin[si] * static_cast<float>(t->imin[i]);
+    }
+}
+
+// Scale modes of the panel tests: 0 f32 scales, 1 f16 scales, 2 factored (K-quant) scales, and
+// the layout the packer must choose for each.
+constexpr int kModes[] = {0, 1, 2};
+void set_scale_mode(QuantTensor* t, int mode, uint32_t seed) {
+  if (mode == 1) round_scales_to_half(t);
+  if (mode == 2) factor_scales(t, seed);
+}
+int32_t layout_of_mode(int mode) {
+  return mode == 0   ? cpu::kCpuQuantPanelLayout
+         : mode == 1 ? cpu::kCpuQuantPanelHalfLayout
+                     : cpu::kCpuQuantPanelSubLayout;
+}
+
 TEST(QuantPanel, DequantRowIsExact) {
   uint32_t seed = 900;
-  for (bool half : {false, true})
+  for (int mode : kModes)
     for (const Spec& s : kSpecs)
       for (int64_t rows : {5, 16, 37}) {
         QuantTensor t = random_quant(rows, 100, s, seed++);
-        if (half) round_scales_to_half(&t);
+        set_scale_mode(&t, mode, seed++);
         const Packed p = pack_panel(t);
-        ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
+        ASSERT_EQ(p.w.layout, layout_of_mode(mode));
         QuantTensor stored = t;
         stored.perm.clear();
         std::vector<float> want(rows * 100), got(100);
@@ -374,14 +423,14 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
   const cpu::LinearPanelFn fn = cpu::panel_kernels_for(GetParam()).linear, ref = cpu::scalar_linear_panel();
   ASSERT_NE(fn, nullptr);
   uint32_t seed = 5000;
-  for (bool half : {false, true})
+  for (int mode : kModes)
     for (bool extreme : {false, true})
       for (const Spec& s : kSpecs)
         for (int64_t m : {1, 2, 4, 5, 17})
           for (int64_t k : {40, 100, 257, 576}) {
             const int64_t n = 53;
             QuantTensor t = random_quant(n, k, s, seed++);
-            if (half) round_scales_to_half(&t);
+            set_scale_mode(&t, mode, seed++);
             if (extreme) extreme_weights(&t, seed++);
             const Packed p = pack_panel(t);
             std::vector<float> x = randn(m * k, seed++);
@@ -390,8 +439,8 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
             const std::vector<float> bias = randn(n, seed++);
             const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
             std::ostringstream what;
-            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " group " << s.group << " half "
-                 << half << " extreme " << extreme << " m " << m << " k " << k;
+            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " group " << s.group << " scale mode "
+                 << mode << " extreme " << extreme << " m " << m << " k " << k;
             for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
               expect_panel_equal(fn, ref, xq, p, b, m, n, what.str());
           }
@@ -400,15 +449,15 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
 TEST_P(PanelKernels, BackendLinearMatchesInt8Reference) {
   auto be = cpu::make_cpu_backend(GetParam(), 2);
   uint32_t seed = 1000;
-  for (bool half : {false, true})
+  for (int mode : kModes)
     for (const Spec& s : kSpecs)
       for (int64_t m : {1, 3, 17, 64})
         for (int64_t k : {40, 100, 257}) {
           const int64_t n = 37;
           QuantTensor t = random_quant(n, k, s, seed++);
-          if (half) round_scales_to_half(&t);
+          set_scale_mode(&t, mode, seed++);
           const Packed p = pack_panel(t);
-          ASSERT_EQ(p.w.layout, half ? cpu::kCpuQuantPanelHalfLayout : cpu::kCpuQuantPanelLayout);
+          ASSERT_EQ(p.w.layout, layout_of_mode(mode));
           const std::vector<float> x = randn(m * k, seed++);
           const std::vector<float> bias = randn(n, seed++);
           std::vector<float> xg = x;
@@ -482,19 +531,20 @@ TEST(QuantPanel, AmxInt8EqualsThePortableKernelBitForBit) {
   const cpu::LinearPanelFn amx = cpu::amx_int8_linear_panel(), ref = cpu::scalar_linear_panel();
   if (!amx || !cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AMX-INT8 (or no VNNI) here";
   uint32_t seed = 4000;
-  for (bool half : {false, true})
+  for (int mode : kModes)
     for (const Spec& s : kSpecs)
       for (int64_t m : {1, 5, 16, 17, 33, 70, 301})
         for (int64_t k : {40, 100, 257, 576}) {
           const int64_t n = 53;
           QuantTensor t = random_quant(n, k, s, seed++);
-          if (half) round_scales_to_half(&t);
+          set_scale_mode(&t, mode, seed++);
           const Packed p = pack_panel(t);
           const std::vector<float> x = randn(m * k, seed++);
           const std::vector<float> bias = randn(n, seed++);
           const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
           std::ostringstream what;
-          what << "bits " << s.bits << " group " << s.group << " half " << half << " m " << m << " k " << k;
+          what << "bits " << s.bits << " group " << s.group << " scale mode " << mode << " m " << m << " k "
+               << k;
           for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
             expect_panel_equal(amx, ref, xq, p, b, m, n, what.str());
         }
@@ -743,6 +793,12 @@ std::vector<uint8_t> random_gguf_blocks(int type, int64_t rows, int64_t cols, ui
                    : type == model::kGgmlQ2_K   ? Layout{256, 84, {80, 82}}
                    : type == model::kGgmlQ3_K   ? Layout{256, 110, {108}}
                    : type == model::kGgmlIQ4_NL ? Layout{32, 18, {0}}
+                   : type == model::kGgmlQ4_0   ? Layout{32, 18, {0}}
+                   : type == model::kGgmlQ4_1   ? Layout{32, 20, {0, 2}}
+                   : type == model::kGgmlQ8_0   ? Layout{32, 34, {0}}
+                   : type == model::kGgmlQ4_K   ? Layout{256, 144, {0, 2}}
+                   : type == model::kGgmlQ5_K   ? Layout{256, 176, {0, 2}}
+                   : type == model::kGgmlQ6_K   ? Layout{256, 210, {208}}
                                                 : Layout{256, 136, {0}};  // IQ4_XS
   std::mt19937 g(seed);
   std::uniform_int_distribution<int> byte(0, 255);
@@ -876,6 +932,92 @@ TEST(Rtn, ErrorWithinHalfAStep) {
                 << "sym " << sym << " bits " << bits << " group " << group;
           }
       }
+}
+
+// The K-quants and IQ4_XS keep only their file's factors in the panel layout (f16 super-block
+// scale, int8 per group), and every ISA level's kernel gives the bits it gives on the same
+// matrix with the f32 products kept instead.
+TEST(QuantPanel, FactoredScalesGiveTheF32LayoutsBits) {
+  const int types[] = {model::kGgmlQ2_K, model::kGgmlQ3_K, model::kGgmlQ4_K,
+                       model::kGgmlQ5_K, model::kGgmlQ6_K, model::kGgmlIQ4_XS};
+  const int64_t n = 37, k = 512;
+  uint32_t seed = 90;
+  for (int type : types) {
+    const std::vector<uint8_t> raw = random_gguf_blocks(type, n, k, seed++);
+    const QuantTensor t = model::ggml_decode(raw.data(), raw.size(), type, n, k);
+    ASSERT_GT(t.fgroups, 0) << t.format;
+    QuantTensor plain = t;
+    plain.fgroups = 0;
+    const Packed sub = pack_panel(t), f32 = pack_panel(plain);
+    ASSERT_EQ(sub.w.layout, cpu::kCpuQuantPanelSubLayout) << t.format;
+    ASSERT_EQ(f32.w.layout, cpu::kCpuQuantPanelLayout) << t.format;
+    std::vector<float> a(k), b(k);
+    for (int64_t r = 0; r < n; ++r) {
+      cpu::panel_dequant_row(sub.w, r, a.data());
+      cpu::panel_dequant_row(f32.w, r, b.data());
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), k * 4)) << t.format << " row " << r;
+    }
+    for (Isa isa : levels()) {
+      auto be = cpu::make_cpu_backend(isa, 2);
+      for (int64_t m : {1, 5, 33}) {
+        const std::vector<float> x = randn(m * k, seed++);
+        std::vector<float> ya(m * n), yb(m * n);
+        be->linear_q(x.data(), sub.w, nullptr, ya.data(), m, n);
+        be->linear_q(x.data(), f32.w, nullptr, yb.data(), m, n);
+        ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * 4))
+            << t.format << " " << cpu::isa_name(isa) << " m " << m;
+      }
+    }
+  }
+}
+
+// A factoring that does not reproduce the scale exactly (or a factor that is no f16 value) is
+// not trusted: the packer keeps the f32 scales.
+TEST(QuantPanel, InexactFactorsKeepF32Scales) {
+  const std::vector<uint8_t> raw = random_gguf_blocks(model::kGgmlQ4_K, 16, 256, 5);
+  QuantTensor t = model::ggml_decode(raw.data(), raw.size(), model::kGgmlQ4_K, 16, 256);
+  ASSERT_EQ(pack_panel(t).w.layout, cpu::kCpuQuantPanelSubLayout);
+  QuantTensor bad = t;
+  bad.iscale[3] = static_cast<int8_t>(bad.iscale[3] + 1);
+  EXPECT_EQ(pack_panel(bad).w.layout, cpu::kCpuQuantPanelLayout);
+  bad = t;
+  bad.fscale[0] = bad.fscale[0] * (1.f + 0x1p-20f);  // no f16 value
+  EXPECT_EQ(pack_panel(bad).w.layout, cpu::kCpuQuantPanelLayout);
+  bad = t;
+  bad.imin[7] = static_cast<int8_t>(bad.imin[7] ^ 1);
+  EXPECT_EQ(pack_panel(bad).w.layout, cpu::kCpuQuantPanelLayout);
+}
+
+// Resident bytes of each GGUF type in the panel layout (the default kernels on every ISA level)
+// against the file's bytes for the same tensor. The layout's values, scales, mins and zeros, with
+// up to 63 bytes of alignment after each of its (at most six) regions; rows and columns here are
+// whole panels and blocks, so there is no other padding. The K-quants' sub-scales and sub-mins
+// take a byte each where the file packs them in 6 (Q4_K, Q5_K) or 4 (Q2_K) bits; the types whose
+// values are not 4 or 8 bits wide still take a byte (5-bit, 6-bit, IQ4 indices) or a nibble
+// (2-bit, 3-bit) per value.
+TEST(QuantPanel, ResidentBytesPerWeight) {
+  struct Want {
+    int type;
+    double file_bpw, panel_bpw;  // bytes per weight
+  };
+  const Want types[] = {
+      {model::kGgmlQ4_0, 18. / 32, 18. / 32},     {model::kGgmlQ4_1, 20. / 32, 20. / 32},
+      {model::kGgmlQ8_0, 34. / 32, 34. / 32},     {model::kGgmlQ5_0, 22. / 32, 34. / 32},
+      {model::kGgmlQ5_1, 24. / 32, 36. / 32},     {model::kGgmlIQ4_NL, 18. / 32, 34. / 32},
+      {model::kGgmlQ4_K, 144. / 256, 148. / 256}, {model::kGgmlQ5_K, 176. / 256, 276. / 256},
+      {model::kGgmlQ6_K, 210. / 256, 274. / 256}, {model::kGgmlQ2_K, 84. / 256, 164. / 256},
+      {model::kGgmlQ3_K, 110. / 256, 146. / 256}, {model::kGgmlIQ4_XS, 136. / 256, 266. / 256},
+  };
+  const int64_t n = 64, k = 1024;
+  for (const Want& w : types) {
+    const std::vector<uint8_t> raw = random_gguf_blocks(w.type, n, k, 3);
+    const QuantTensor t = model::ggml_decode(raw.data(), raw.size(), w.type, n, k);
+    ASSERT_EQ(raw.size(), model::ggml_tensor_bytes(w.type, n, k));
+    EXPECT_DOUBLE_EQ(static_cast<double>(raw.size()), w.file_bpw * n * k) << t.format;
+    const double got = static_cast<double>(cpu::cpu_quant_panel_bytes(t.view()));
+    EXPECT_GE(got, w.panel_bpw * n * k) << t.format;
+    EXPECT_LE(got, w.panel_bpw * n * k + 6 * 63) << t.format;
+  }
 }
 
 }  // namespace

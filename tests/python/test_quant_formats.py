@@ -17,7 +17,7 @@ import pytest
 from fantai import _C
 from fantai.weights import gptq_awq as ga
 from fantai.weights.gguf_loader import unpermute_qk, unpermute_qk_rows
-from tiny_gguf import gguf_writer
+from tiny_gguf import gguf_writer, write_gguf
 from quant_reference import (
     BF16,
     BLOCK,
@@ -428,10 +428,7 @@ def _k_quant_gguf(path: Path) -> dict[str, tuple[np.ndarray, int, int]]:
         out[name] = (data, t, rows)
     for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return out
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fantai import _C
+from tiny_gguf import gguf_writer, write_gguf
 from quant_reference import BLOCK, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, \
     random_blocks
 
@@ -55,23 +56,7 @@ def _one_type_gguf(path: Path, ggml_type: int) -> dict[str, int]:
 
     rng = np.random.default_rng(ggml_type)
     hidden, inter, vocab = 256, 512, 64
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(inter)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)])
-    w.add_token_types([1] * vocab)
-    w.add_token_merges([])
+    w = gguf_writer(path, hidden, inter, 1, vocab, heads=4, kv_heads=2, context=128)
     w.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden)).astype(np.float32) * 0.5)
     sizes = {}
     for part, (rows, cols) in _PARTS.items():
@@ -83,10 +68,7 @@ def _one_type_gguf(path: Path, ggml_type: int) -> dict[str, int]:
         assert data.size == rows * cols // per * nbytes
     for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(w)
     return sizes
 
 

@@ -31,3 +31,11 @@ def gguf_writer(path: Path, hidden: int, inter: int, layers: int, vocab: int, he
     w.add_token_types([1] * vocab)
     w.add_token_merges([])
     return w
+
+
+def write_gguf(w: Any) -> None:
+    """Writes header, metadata and tensors, then closes the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

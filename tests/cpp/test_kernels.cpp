@@ -21,23 +21,13 @@
 #include "cpu/kernels.h"
 #include "cpu/kernels_amx.h"
 #include "cpu/thread_pool.h"
+#include "test_support.h"
 
 namespace fantai::cpu {
 namespace {
 
-std::vector<Isa> levels() {
-  std::vector<Isa> v;
-  for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) v.push_back(static_cast<Isa>(i));
-  return v;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;
+constexpr auto levels = test::isa_levels;
 
 // f32 values rounded to a 16-bit dtype t (bf16 or f16 only).
 std::vector<uint16_t> to_half(const std::vector<float>& v, DType t) {

@@ -17,23 +17,13 @@
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 #include "model/quant_formats.h"
+#include "test_support.h"
 
 namespace fantai::cpu {
 namespace {
 
-std::vector<Isa> levels() {
-  std::vector<Isa> v;
-  for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) v.push_back(static_cast<Isa>(i));
-  return v;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;
+constexpr auto levels = test::isa_levels;
 
 // Distinct experts per row (a random choice of top_k of E) and positive weights.
 void random_routes(int64_t rows, int32_t E, int32_t k, uint32_t seed, std::vector<int32_t>* ids,

@@ -18,26 +18,16 @@
 #include "cpu/kernels.h"
 #include "cpu/qkernels.h"
 #include "model/quant_formats.h"
+#include "test_support.h"
 
 namespace fantai {
 namespace {
 
+using test::randn;
+constexpr auto levels = test::isa_levels;
+
 using cpu::Isa;
 using model::QuantTensor;
-
-std::vector<Isa> levels() {
-  std::vector<Isa> v;
-  for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) v.push_back(static_cast<Isa>(i));
-  return v;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 struct Spec {
   int bits;

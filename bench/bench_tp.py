@@ -41,9 +41,9 @@ def decode_figures(llm: LLM, batch: int, prompt_len: int, out_len: int) -> dict[
         "forward_ms_per_step": 1e3 * forward / steps,
         "comm_ms_per_step": 1e3 * comm / steps,
         "compute_ms_per_step": 1e3 * (forward - comm) / steps,
-        # the replicated lm_head on rank 0 (the other ranks wait meanwhile); a vocab-parallel
-        # one would cost about 1/N of it plus a gather of batch * vocab / N floats per rank
+        # rank 0's vocab slice of the lm_head (V/N rows) and the gather of every rank's slice
         "lm_head_ms_per_step": 1e3 * head / steps,
+        "gather_kib_per_step": (after.get("gather_bytes", 0) - before.get("gather_bytes", 0)) / steps / 1024,
         "all_reduces_per_step": (after["all_reduce_calls"] - before["all_reduce_calls"]) / steps,
         "all_reduce_kib_per_step": (after["all_reduce_bytes"] - before["all_reduce_bytes"]) / steps / 1024,
         "tokens_per_s": batch * out_len / wall,
@@ -65,6 +65,7 @@ def main() -> None:
     startup = time.perf_counter() - start
     info = {"tp": args.tp, "startup_s": round(startup, 2), "threads_per_rank": llm._model.num_threads,
             "weight_mib_per_rank": round(llm._model.weight_bytes() / 2**20, 2),
+            "lm_head_mib_per_rank": round(llm._model.lm_head_bytes() / 2**20, 2),
             "kv_mib_per_rank": round(llm.engine.kv_cache_bytes / 2**20, 2),
             "kv_blocks": llm.engine.num_blocks, "heads_per_rank": llm._model.config.num_heads,
             "kv_heads_per_rank": llm._model.config.num_kv_heads}

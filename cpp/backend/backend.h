@@ -21,6 +21,8 @@ namespace fantai {
 struct CommStats {
   int64_t all_reduce_calls = 0;
   int64_t all_reduce_bytes = 0;
+  int64_t gather_calls = 0;  // the vocab-parallel logits gathers (bytes: what this rank sent)
+  int64_t gather_bytes = 0;
   double seconds = 0.0;
 };
 
@@ -31,6 +33,10 @@ class Communicator {
   virtual int world_size() const { return 1; }
   virtual void all_reduce_sum(float* /*data*/, int64_t /*n*/) {}
   virtual void all_gather(const float* in, float* out, int64_t n);  // out = in when world_size==1
+  // Every rank sends its n floats; `root` receives them in rank order into out (counts[r] floats
+  // from rank r, read on root only; out and counts unused elsewhere). in / out are the backend's
+  // memory, as for all_reduce_sum. One process: out = in (no copy when they are the same buffer).
+  virtual void gather(const float* in, int64_t n, float* out, const int64_t* counts, int root = 0);
   // `bytes` from `root` to every rank. idle: a wait that may be long in coming (a rank > 0 waiting
   // for the next step: no deadline; rank 0 waiting for ranks still loading: a start-up deadline).
   virtual void broadcast(void* /*data*/, int64_t /*bytes*/, int /*root*/, bool /*idle*/ = false) {}

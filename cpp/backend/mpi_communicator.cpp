@@ -122,6 +122,31 @@ class MpiCommunicator final : public Communicator {
     stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
+  // The vocab-parallel logits: rank r's slice to `root` (MPI_Gatherv; the slices differ in size
+  // when the ranks do not divide the vocab).
+  void gather(const float* in, int64_t n, float* out, const int64_t* counts, int root) override {
+    const auto t0 = Clock::now();
+    std::vector<int> cnt, displs;
+    if (rank_ == root) {
+      cnt.resize(world_);
+      displs.resize(world_);
+      int64_t at = 0;
+      for (int r = 0; r < world_; ++r) {
+        cnt[r] = static_cast<int>(counts[r]);
+        displs[r] = static_cast<int>(at);
+        at += counts[r];
+      }
+    }
+    MPI_Request req;
+    check(MPI_Igatherv(in, static_cast<int>(n), MPI_FLOAT, out, cnt.data(), displs.data(), MPI_FLOAT, root,
+                       comm_, &req),
+          "gather");
+    wait(&req, "gather", false);
+    stats_.gather_calls++;
+    stats_.gather_bytes += n * static_cast<int64_t>(sizeof(float));
+    stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
   void broadcast(void* data, int64_t bytes, int root, bool idle) override {
     const auto t0 = Clock::now();
     MPI_Request req;

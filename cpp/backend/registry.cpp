@@ -15,6 +15,10 @@ void Communicator::all_gather(const float* in, float* out, int64_t n) {
   if (in != out) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
 }
 
+void Communicator::gather(const float* in, int64_t n, float* out, const int64_t* /*counts*/, int /*root*/) {
+  if (in != out) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+}
+
 // Quantized ops are optional per backend: the defaults say so plainly.
 size_t Backend::quant_packed_bytes(const QuantMatrix&) const {
   FANTAI_THROW("quantized weights are not supported on the " << name() << " backend");

@@ -426,6 +426,7 @@ void bind_model(py::module_& m) {
       .def_property_readonly("device_free_memory",
                              [](const Model& mo) { return mo.backend()->free_memory(); })
       .def("weight_bytes", [](Model& mo) { return mo.weights().total_bytes(); })
+      .def("lm_head_bytes", [](Model& mo) { return mo.weights().lm_head_bytes(); })
       .def_property_readonly("lm_head_seconds", &Model::lm_head_seconds)
       .def_property_readonly("lm_head_calls", &Model::lm_head_calls)
       .def("quant_bytes", [](Model& mo) { return mo.weights().quant_bytes(); })
@@ -564,6 +565,8 @@ PYBIND11_MODULE(_C, m) {
     d["world_size"] = process_communicator()->world_size();
     d["all_reduce_calls"] = s.all_reduce_calls;
     d["all_reduce_bytes"] = s.all_reduce_bytes;
+    d["gather_calls"] = s.gather_calls;
+    d["gather_bytes"] = s.gather_bytes;
     d["seconds"] = s.seconds;
     return d;
   });

@@ -13,8 +13,8 @@ namespace {
 
 enum : int64_t { kOpStep = 1, kOpStop = 2, kOpRelease = 3 };
 // op, num_tokens, num_seqs, max_blocks_per_seq, num_copies, max_query_len, max_context_len, bytes,
-// num_kv_kinds
-constexpr int kHeader = 9;
+// num_kv_kinds, num_logits
+constexpr int kHeader = 10;
 // num_kinds, block_size, kv dtype, fingerprint, then blocks per kind
 constexpr int kHandshake = 4 + model::kMaxKvKinds;
 // Same checkpoint, dtype, quantization and config on every rank: the config's summary and the
@@ -39,9 +39,9 @@ void agree(Communicator& comm, bool ok, const std::string& what) {
 // Each kind's slots first (8-byte aligned in the buffer), tokens and positions, the shared query
 // layout, each kind's block tables, then the block copies as (kind, src, dst).
 size_t payload_bytes(const int64_t* h) {
-  const int64_t n = h[1], seqs = h[2], blocks = h[3], copies = h[4], kinds = h[8];
+  const int64_t n = h[1], seqs = h[2], blocks = h[3], copies = h[4], kinds = h[8], logits = h[9];
   return static_cast<size_t>(kinds * n) * sizeof(int64_t) +
-         static_cast<size_t>(2 * n + (seqs + 1) + seqs + kinds * seqs * blocks + 3 * copies) *
+         static_cast<size_t>(2 * n + (seqs + 1) + seqs + kinds * seqs * blocks + 3 * copies + logits) *
              sizeof(int32_t);
 }
 
@@ -72,7 +72,8 @@ void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
                         a.max_query_len,
                         a.max_context_len,
                         0,
-                        kinds};
+                        kinds,
+                        fb.num_logits};
   h[7] = static_cast<int64_t>(payload_bytes(h));
   comm.broadcast(h, sizeof h, 0);
   std::vector<char> p(static_cast<size_t>(h[7]));
@@ -97,6 +98,7 @@ void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
     const int32_t t[3] = {c.kind, c.src, c.dst};
     put(t, sizeof t);
   }
+  if (fb.num_logits > 0) put(fb.logits_indices, fb.num_logits * sizeof(int32_t));
   comm.broadcast(p.data(), static_cast<int64_t>(p.size()), 0);
 }
 
@@ -105,7 +107,7 @@ void tp_send_release(model::Model& m, const std::vector<int32_t>& runs) {
   Communicator& comm = m.backend()->communicator();
   if (comm.steps_state != Communicator::kStepsRunning) return;
   const int64_t n = static_cast<int64_t>(runs.size() / 3);
-  int64_t h[kHeader] = {kOpRelease, n, 0, 0, 0, 0, 0, n * 3 * static_cast<int64_t>(sizeof(int32_t)), 0};
+  int64_t h[kHeader] = {kOpRelease, n, 0, 0, 0, 0, 0, n * 3 * static_cast<int64_t>(sizeof(int32_t)), 0, 0};
   comm.broadcast(h, sizeof h, 0);
   if (n > 0) comm.broadcast(const_cast<int32_t*>(runs.data()), h[7], 0);
 }
@@ -116,7 +118,7 @@ void tp_stop_group(Communicator& comm) {
   int running = Communicator::kStepsRunning;
   if (comm.rank() != 0 || !comm.steps_state.compare_exchange_strong(running, Communicator::kStepsStopped))
     return;
-  int64_t h[kHeader] = {kOpStop, 0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t h[kHeader] = {kOpStop, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   comm.broadcast(h, sizeof h, 0);
 }
 
@@ -190,8 +192,9 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
     const int32_t* copies = reinterpret_cast<const int32_t*>(take(3 * h[4] * sizeof(int32_t)));
     for (int64_t i = 0; i < h[4]; ++i)
       cache.copy_block(copies[3 * i], copies[3 * i + 1], copies[3 * i + 2], m->backend());
-    fb.num_logits = 0;  // the lm_head runs on rank 0 only
-    fb.logits_indices = nullptr;
+    // The rows that sample: each rank computes its vocab slice of their logits (rank 0 gathers).
+    fb.num_logits = static_cast<int32_t>(h[9]);
+    fb.logits_indices = reinterpret_cast<const int32_t*>(take(h[9] * sizeof(int32_t)));
     m->forward(fb, cache, nullptr);
   }
 }

@@ -98,6 +98,9 @@ class Model {
   // Sparse layers' step workspace (moe.cpp): router logits, chosen experts and their weights.
   int32_t moe_capacity_ = 0;
   Buffer router_logits_, moe_ids_, moe_weights_;
+  // Tensor parallelism: this rank's vocab slice of the logits; on rank 0 every rank's slice, in
+  // rank order, before the [rows, vocab] layout.
+  Buffer logits_part_, gathered_;
   StepStaging staging_;               // the step's metadata and logits on a device backend
   int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
   float* greedy_logprobs_ = nullptr;

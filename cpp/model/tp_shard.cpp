@@ -72,6 +72,8 @@ ShardSelection select_shard(const TpShard& s, const std::string& name, int64_t r
       sel.col0 = e0;
       sel.cols = e_loc;
     }
+  } else if (name == "lm_head.weight") {
+    keep_rows({{s.vocab0(), s.vocab_rows()}});  // whole rows: no quantization group is cut
   } else if (has(name, "self_attn.qkv_proj"))
     keep_rows({{q0, q_loc}, {Q + k0, kv_loc}, {Q + KV + k0, kv_loc}});
   else if (has(name, "self_attn.q_proj")) keep_rows({{q0, q_loc}});

@@ -12,13 +12,18 @@ namespace fantai::model {
 
 // Rank `rank` of `world` holds heads [rank * H/N, (rank + 1) * H/N), the KV heads those heads
 // read (KV heads are replicated when N exceeds them, as vLLM does), 1/N of the MLP's intermediate
-// columns, and the whole embedding, norms and lm_head.
+// columns, the vocab rows [rank * V/N, (rank + 1) * V/N) of the lm_head (integer division: the
+// shards differ by at most one row when N does not divide V), and the whole embedding and norms.
 struct TpShard {
   int rank = 0;
   int world = 1;
   ModelConfig full;      // the checkpoint's dims
   int32_t kv_head0 = 0;  // the first KV head of this rank (of the full model)
   bool active() const { return world > 1; }
+  // This rank's lm_head rows (the vocab-parallel logits slice): [vocab0(), vocab0() + vocab_rows()).
+  int64_t vocab0() const { return vocab_begin(rank); }
+  int64_t vocab_rows() const { return vocab_begin(rank + 1) - vocab_begin(rank); }
+  int64_t vocab_begin(int r) const { return static_cast<int64_t>(r) * full.vocab_size / world; }
 };
 
 // The tensor-parallel sizes this model can be split into (1 always).

@@ -201,6 +201,42 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   }
   be->add_rms_norm(res_rows, x_rows, weights_.final_norm().as<float>(), normed, b.num_logits, H,
                    c.rms_norm_eps);
+  const int64_t rows = b.num_logits, V = c.vocab_size;
+  if (shard_.active()) {
+    // Vocab-parallel lm_head: every rank computes its vocab slice of the logits, soft-caps it
+    // (elementwise), and rank 0 gathers the slices and lays them out as [rows, vocab].
+    const int64_t Vr = weights_.lm_head_rows();
+    if (logits_part_.bytes() < static_cast<size_t>(rows * Vr) * sizeof(float))
+      logits_part_ = Buffer(be, static_cast<size_t>(rows * Vr) * sizeof(float));
+    float* part = logits_part_.as<float>();
+    const auto t0 = std::chrono::steady_clock::now();
+    linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, part, rows, Vr, H,
+           weights_.lm_head_packed());
+    if (c.final_logit_softcap > 0) be->softcap(part, c.final_logit_softcap, rows * Vr);
+    Communicator& comm = be->communicator();
+    const bool root = comm.rank() == 0;
+    std::vector<int64_t> counts;
+    if (root) {
+      if (gathered_.bytes() < static_cast<size_t>(rows * V) * sizeof(float))
+        gathered_ = Buffer(be, static_cast<size_t>(rows * V) * sizeof(float));
+      for (int r = 0; r < shard_.world; ++r)
+        counts.push_back(rows * (shard_.vocab_begin(r + 1) - shard_.vocab_begin(r)));
+    }
+    comm.gather(part, rows * Vr, root ? gathered_.as<float>() : nullptr, counts.data(), 0);
+    lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    lm_head_calls_++;
+    if (!root) return;
+    // Slices arrive rank after rank ([rows, V_r] each); the sampler reads [rows, V].
+    float* out = staging_.logits_target(logits, b.num_logits, c.vocab_size);
+    const float* g = gathered_.as<float>();
+    for (int r = 0; r < shard_.world; ++r) {
+      const int64_t v0 = shard_.vocab_begin(r), vr = shard_.vocab_begin(r + 1) - v0;
+      for (int64_t i = 0; i < rows; ++i) be->copy(out + i * V + v0, g + i * vr, vr * sizeof(float));
+      g += rows * vr;
+    }
+    staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_);
+    return;
+  }
   float* out = staging_.logits_target(logits, b.num_logits, c.vocab_size);
   const auto t0 = std::chrono::steady_clock::now();
   linear(normed, weights_.lm_head(), weights_.lm_head_q(), nullptr, out, b.num_logits, c.vocab_size, H,

@@ -42,7 +42,7 @@ Weights::Slot Weights::resolve(const std::string& name) {
   if (name == "model.embed_tokens.weight")
     return {&embed_, c.vocab_size, 0, c.vocab_size, H, false, &embed_q_};
   if (name == "model.norm.weight") return {&final_norm_, H, 0, H, 1, true, nullptr, false, true};
-  if (name == "lm_head.weight") return {&lm_head_, c.vocab_size, 0, c.vocab_size, H, false, &lm_head_q_};
+  if (name == "lm_head.weight") return {&lm_head_, lm_head_rows(), 0, lm_head_rows(), H, false, &lm_head_q_};
   if (Slot e; resolve_expert(name, &e)) return e;
   static const std::regex re(R"(model\.layers\.(\d+)\.(\w+)\.?(\w*)\.(weight|bias))");
   std::smatch m;
@@ -187,6 +187,7 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
   const size_t bytes = backend_->quant_packed_bytes(canonical);
   part.mem = Buffer(backend_, bytes, false);
   part.w = backend_->pack_quant(canonical, part.mem.data());
+  if (shard_.active() && s.qparts == &embed_q_) add_tied_slice(canonical);
   std::lock_guard<std::mutex> lock(mu_);
   QuantParts& parts = *s.qparts;
   parts.erase(
@@ -196,6 +197,30 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
   loaded_.push_back(name);
   formats_[name] = format;
   quant_bytes_[name] = bytes;
+}
+
+// A quantized embedding under tensor parallelism: its rows [vocab0, vocab0 + vocab_rows) packed
+// once more, as the lm_head shard should the checkpoint have no lm_head (finalize drops it if it
+// has one). Whole rows: each row's groups, scales and mins come along untouched.
+void Weights::add_tied_slice(const QuantMatrix& m) {
+  const int64_t r0 = shard_.vocab0(), ng = m.ngroups(), nf = m.fgroups > 0 ? ng / m.fgroups : 0;
+  QuantMatrix v = m;
+  v.rows = shard_.vocab_rows();
+  v.data = static_cast<const uint8_t*>(m.data) + r0 * m.ld;
+  v.scale = m.scale ? m.scale + r0 * ng : nullptr;
+  v.zero = m.zero ? m.zero + r0 * ng : nullptr;
+  v.min = m.min ? m.min + r0 * ng : nullptr;
+  v.iscale = m.iscale ? m.iscale + r0 * ng : nullptr;
+  v.imin = m.imin ? m.imin + r0 * ng : nullptr;
+  v.fscale = m.fscale ? m.fscale + r0 * nf : nullptr;
+  v.fmin = m.fmin ? m.fmin + r0 * nf : nullptr;
+  QuantPart part;
+  part.row0 = 0;
+  part.mem = Buffer(backend_, backend_->quant_packed_bytes(v), false);
+  part.w = backend_->pack_quant(v, part.mem.data());
+  std::lock_guard<std::mutex> lock(mu_);
+  tied_q_.clear();
+  tied_q_.push_back(std::move(part));
 }
 
 // A GGUF block is never cut: a column split must fall on block boundaries (32 or 256 values).
@@ -412,6 +437,7 @@ void Weights::finalize() {
   if (!lm_head_.data() && lm_head_q_.empty() && !config_.tie_word_embeddings) {
     FANTAI_LOG(kInfo, "no lm_head.weight in the checkpoint: tying it to the embedding");
   }
+  if (lm_head_.data() || !lm_head_q_.empty()) tied_q_.clear();  // the checkpoint's own lm_head
   pack_layers();
   pack_lm_head();
   build_moe_views();
@@ -450,13 +476,13 @@ void Weights::pack_layers() {
 // every row count. An own matrix moves (the row-major original is freed); a tied one gets a packed
 // copy beside the embedding, which embedding() still reads row by row.
 void Weights::pack_lm_head() {
-  const int64_t V = config_.vocab_size, H = config_.hidden_size;
+  const int64_t V = lm_head_rows(), H = config_.hidden_size;
   const bool own = lm_head_.data() != nullptr;
   const bool dense = own ? lm_head_q_.empty()
                          : embed_.data() != nullptr && embed_q_.empty() && lm_head_q_.empty();
   if (lm_head_packed_.data() || !dense || backend_->dense_packed_bytes(dtype_, V, H) == 0) return;
   Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, V, H), false);
-  backend_->pack_dense(own ? lm_head_.data() : embed_.data(), dtype_, V, H, packed.data());
+  backend_->pack_dense(own ? lm_head_.data() : tied_rows(), dtype_, V, H, packed.data());
   lm_head_packed_ = std::move(packed);
   if (own) lm_head_ = Buffer();
 }
@@ -465,12 +491,25 @@ void Weights::pack_lm_head() {
 const void* Weights::lm_head() const {
   if (lm_head_packed_.data()) return lm_head_packed_.data();
   if (lm_head_.data() || !lm_head_q_.empty()) return lm_head_.data();
-  return embed_.data();
+  return tied_rows();
+}
+
+// A tied dense lm_head reads the embedding's rows in place: this rank's vocab slice of them.
+const void* Weights::tied_rows() const {
+  if (!embed_.data() || !shard_.active()) return embed_.data();
+  return embed_.as<char>() + static_cast<size_t>(shard_.vocab0() * config_.hidden_size) * dtype_size(dtype_);
 }
 
 const QuantParts& Weights::lm_head_q() const {
   if (lm_head_packed_.data() || lm_head_.data() || !lm_head_q_.empty()) return lm_head_q_;
-  return embed_q_;
+  return shard_.active() ? tied_q_ : embed_q_;
+}
+
+size_t Weights::lm_head_bytes() const {
+  size_t n = lm_head_.bytes() + lm_head_packed_.bytes();
+  for (const QuantParts* q : {&lm_head_q_, &tied_q_})
+    for (const QuantPart& p : *q) n += p.mem.bytes();
+  return n;
 }
 
 size_t Weights::total_bytes() const {
@@ -480,7 +519,7 @@ size_t Weights::total_bytes() const {
     return n;
   };
   size_t total = embed_.bytes() + final_norm_.bytes() + lm_head_.bytes() + lm_head_packed_.bytes() +
-                 parts(embed_q_) + parts(lm_head_q_);
+                 parts(embed_q_) + parts(lm_head_q_) + parts(tied_q_);
   for (const LayerWeights& L : layers_) {
     total += L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() + L.post_mlp_norm.bytes();
     total += L.input_norm.bytes() + L.qkv.bytes() + L.qkv_bias.bytes() + L.o.bytes() + L.o_bias.bytes() +

@@ -96,7 +96,14 @@ class Weights {
   bool lm_head_packed() const { return lm_head_packed_.data() != nullptr; }
   const QuantParts& embed_q() const { return embed_q_; }  // empty unless quantized
   // The lm_head's quantized parts: its own, or the embedding's when tied (never a dense copy).
+  // Under tensor parallelism a tied quantized lm_head is a packed copy of this rank's vocab rows
+  // of the embedding (the embedding itself stays whole: every rank looks up every token).
   const QuantParts& lm_head_q() const;
+  // Rows of lm_head() / lm_head_q(): the vocab size, or this rank's vocab slice under tensor
+  // parallelism (TpShard::vocab_rows).
+  int64_t lm_head_rows() const { return shard_.active() ? shard_.vocab_rows() : config_.vocab_size; }
+  // Bytes this rank keeps for the lm_head alone (0 for a tied one read from the embedding itself).
+  size_t lm_head_bytes() const;
   const std::string& quantization() const { return quantization_; }
   // Hugging Face name -> resident format ("q4_1", "int4g32", "bf16", "f32", ...).
   const std::map<std::string, std::string>& formats() const { return formats_; }
@@ -143,6 +150,8 @@ class Weights {
                       const std::string& format);
   void pack_layers();
   void pack_lm_head();
+  void add_tied_slice(const QuantMatrix& embed);
+  const void* tied_rows() const;
   void copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols, const void* src,
                  DType src_dtype, DType dst_dtype);
 
@@ -154,6 +163,7 @@ class Weights {
   Buffer embed_, final_norm_, lm_head_;
   Buffer lm_head_packed_;  // the dense lm_head (own or tied) in the backend's packed layout
   QuantParts embed_q_, lm_head_q_;
+  QuantParts tied_q_;  // tensor parallelism: this rank's rows of a quantized embedding, for a tied lm_head
   std::map<std::string, std::string> formats_;
   std::map<std::string, size_t> quant_bytes_;
   std::vector<LayerWeights> layers_;

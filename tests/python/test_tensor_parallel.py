@@ -84,6 +84,64 @@ def test_tp2_matches_tp1_and_repeats(model_dir: Path) -> None:
     assert r["comm"]["world_size"] == 2 and r["comm"]["all_reduce_calls"] > 0
 
 
+# The vocab-parallel lm_head: rank r keeps rows [r V/N, (r+1) V/N), so a vocabulary that N does not
+# divide gives slices a row apart (323 = 161 + 162 at TP = 2, 107 + 108 + 108 at TP = 3). Rank 0's
+# lm_head must shrink to about its share: a replicated head would keep all V rows. The bound allows
+# the packed layouts' padding (whole panels of up to 32 rows).
+ODD_VOCAB = 323
+
+
+def _tied_q8_gguf(path: Path) -> Path:
+    """A tiny Llama GGUF whose only lm_head is its Q8_0 embedding (no output.weight), as the
+    default model ships; the layers are f32, so only the tied head's slice is under test."""
+    import gguf
+    from tiny_gguf import gguf_writer, write_gguf
+
+    rng = np.random.default_rng(7)
+    hidden, inter, heads, kv = 64, 128, 4, 2
+    w = gguf_writer(path, hidden, inter, 2, ODD_VOCAB, heads, kv)
+    r = lambda *s: (rng.standard_normal(s) * 0.15).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(r(ODD_VOCAB, hidden), gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("output_norm.weight", 1 + r(hidden))
+    for i in range(2):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (hidden // heads * kv, hidden)),
+                            ("attn_v", (hidden // heads * kv, hidden)), ("attn_output", (hidden, hidden)),
+                            ("ffn_gate", (inter, hidden)), ("ffn_up", (inter, hidden)),
+                            ("ffn_down", (hidden, inter))):
+            w.add_tensor(f"blk.{i}.{name}.weight", r(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", 1 + r(hidden))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", 1 + r(hidden))
+    write_gguf(w)
+    return path
+
+
+@pytest.mark.parametrize("case", ["untied_tp2", "tied_tp3", "tied_q8_0_gguf_tp2"])
+def test_vocab_parallel_lm_head_matches_tp1_on_an_odd_vocab(tmp_path: Path, case: str) -> None:
+    tp = 3 if case.endswith("tp3") else 2
+    if case.startswith("tied_q8_0"):
+        path = _tied_q8_gguf(tmp_path / "tied.gguf")
+    else:  # 6 heads split 2 or 3 ways (the one KV head replicated)
+        path = build_tiny_model(tmp_path / case, vocab_size=ODD_VOCAB, tie=case.startswith("tied"),
+                                hidden=96, heads=6, kv_heads=1, inter=192)
+    r = _run(path, tp)
+    assert r["vocab"] == ODD_VOCAB
+    ref, out, again = r["tp1"], r["tp"], r["tp_again"]
+    assert out["tokens"] == ref["tokens"]
+    for a, b in zip(out["logprobs"], ref["logprobs"]):
+        np.testing.assert_allclose(a, b, atol=LOGPROB_ATOL, rtol=0)
+    assert again["tokens"] == out["tokens"] and again["logprobs"] == out["logprobs"]
+    assert r["comm"]["gather_calls"] > 0
+    rows0 = ODD_VOCAB // tp  # rank 0's slice: the smallest one
+    # What TP = 1 keeps for its head: its own matrix, a packed copy of a tied dense embedding, or
+    # (a tied quantized one read in place) the embedding, of which TP = N packs rank 0's rows.
+    whole = r["lm_head_bytes"]["tp1"] or r["quant_bytes"].get("model.embed_tokens.weight", 0)
+    if whole == 0:  # a tied dense head read from the embedding in place, at any TP size
+        assert r["lm_head_bytes"]["tp"] == 0
+    else:
+        assert 0 < r["lm_head_bytes"]["tp"] <= whole * (rows0 + 32) / ODD_VOCAB
+
+
 def test_split_that_cannot_work_names_valid_sizes(tmp_path: Path) -> None:
     path = build_tiny_model(tmp_path / "m", arch="llama", heads=4, kv_heads=2)
     err = _run(path, 3, "refuse")["error"]

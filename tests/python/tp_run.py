@@ -133,9 +133,13 @@ def main() -> None:
         while True:
             llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True),
                          use_tqdm=False)
-    out = {"tp1": run(LLM(path, **ENGINE))}
+    ref = LLM(path, **ENGINE)
+    out = {"tp1": run(ref), "vocab": ref._model.config.vocab_size,
+           "lm_head_bytes": {"tp1": ref._model.lm_head_bytes()}, "quant_bytes": ref._model.quant_bytes()}
+    del ref
     llm = LLM(path, tensor_parallel_size=tp, **ENGINE)
     out["heads_per_rank"] = llm._model.config.num_heads
+    out["lm_head_bytes"]["tp"] = llm._model.lm_head_bytes()  # rank 0's
     out["tp"] = run(llm)
     out["tp_again"] = run(llm)
     out["comm"] = _C.tp_stats()

@@ -78,6 +78,8 @@ class Model {
   // packed: `dense` is in the backend's packed layout (LayerWeights::packed).
   void linear(const float* x, const void* dense, const QuantParts& parts, const float* bias, float* y,
               int64_t m, int64_t n, int64_t k, bool packed = false);
+  void row_parallel(const float* x, int64_t k, bool whole, const void* dense, const QuantParts& parts,
+                    const float* bias, float* y, int64_t m, int64_t n, bool packed);
   void attention_block(int layer, const ForwardBatch& b, KVCache& cache);
   void mlp_block(int layer, int32_t num_tokens);
   void moe_block(int layer, int32_t num_tokens);  // a sparse layer's MLP (moe.cpp)
@@ -101,6 +103,7 @@ class Model {
   // Tensor parallelism: this rank's vocab slice of the logits; on rank 0 every rank's slice, in
   // rank order, before the [rows, vocab] layout.
   Buffer logits_part_, gathered_;
+  Buffer tp_gathered_, tp_whole_in_;  // a whole o / down's input: as gathered, then row by row
   StepStaging staging_;               // the step's metadata and logits on a device backend
   int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
   float* greedy_logprobs_ = nullptr;

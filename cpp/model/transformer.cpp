@@ -86,6 +86,33 @@ void Model::linear(const float* x, const void* dense, const QuantParts& parts, c
   for (const QuantPart& p : parts) be->linear_q(x, p.w, bias ? bias + p.row0 : nullptr, y + p.row0, m, n);
 }
 
+// o and down: this rank's input columns x [m, k] give a partial of y [m, n], summed over the
+// ranks. A whole matrix (act-order GPTQ, Weights::keep_whole) takes every rank's columns instead
+// (heads and MLP columns are split in rank order, so rank r's k columns follow rank r - 1's) and
+// gives every rank the whole of y: TP = 1's product, and no all-reduce.
+void Model::row_parallel(const float* x, int64_t k, bool whole, const void* dense, const QuantParts& parts,
+                         const float* bias, float* y, int64_t m, int64_t n, bool packed) {
+  Backend* be = backend_.get();
+  Communicator& comm = be->communicator();
+  if (!whole) {
+    linear(x, dense, parts, bias, y, m, n, k, packed);
+    comm.all_reduce_sum(y, m * n);
+    return;
+  }
+  const int N = comm.world_size();
+  const size_t bytes = static_cast<size_t>(m * k * N) * sizeof(float);
+  if (tp_gathered_.bytes() < bytes) {
+    tp_gathered_ = Buffer(be, bytes);
+    tp_whole_in_ = Buffer(be, bytes);
+  }
+  comm.all_gather(x, tp_gathered_.as<float>(), m * k);  // [N, m, k]
+  float* in = tp_whole_in_.as<float>();
+  const float* g = tp_gathered_.as<float>();
+  for (int r = 0; r < N; ++r)
+    for (int64_t i = 0; i < m; ++i) be->copy(in + (i * N + r) * k, g + (r * m + i) * k, k * sizeof(float));
+  linear(in, dense, parts, bias, y, m, n, N * k, packed);
+}
+
 void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layer(layer);
@@ -111,9 +138,8 @@ void Model::attention_block(int layer, const ForwardBatch& b, KVCache& cache) {
                           : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   be->attention(q, qkv_dim, cache.k(layer), cache.v(layer), cache.layout(kind), b.attn[kind], c.num_heads,
                 scale, attn_out_.as<float>());
-  linear(attn_out_.as<float>(), L.o.data(), L.o_q, L.o_bias.as<float>(), proj_out_.as<float>(), n,
-         c.hidden_size, c.q_dim(), L.packed);
-  be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
+  row_parallel(attn_out_.as<float>(), c.q_dim(), L.o_whole, L.o.data(), L.o_q, L.o_bias.as<float>(),
+               proj_out_.as<float>(), n, c.hidden_size, L.packed);
   if (c.sandwich_norms)  // Gemma: the attention output is normalised before the residual add
     be->rms_norm(proj_out_.as<float>(), L.post_attn_norm.as<float>(), proj_out_.as<float>(), n, c.hidden_size,
                  c.rms_norm_eps);
@@ -133,10 +159,11 @@ void Model::mlp_block(int layer, int32_t n) {
            c.hidden_size, L.packed);
     if (c.gelu_tanh) be->gelu_tanh_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
     else be->silu_mul(gate_up_.as<float>(), act_.as<float>(), n, inter);
-    linear(act_.as<float>(), L.down.data(), L.down_q, nullptr, proj_out_.as<float>(), n, c.hidden_size, inter,
-           L.packed);
+    row_parallel(act_.as<float>(), inter, L.down_whole, L.down.data(), L.down_q, nullptr,
+                 proj_out_.as<float>(), n, c.hidden_size, L.packed);
+  } else {
+    be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
   }
-  be->communicator().all_reduce_sum(proj_out_.as<float>(), n * c.hidden_size);
   if (c.sandwich_norms)
     be->rms_norm(proj_out_.as<float>(), L.post_mlp_norm.as<float>(), proj_out_.as<float>(), n, c.hidden_size,
                  c.rms_norm_eps);

@@ -72,12 +72,14 @@ Weights::Slot Weights::resolve(const std::string& name) {
       return bias ? Slot{&L.qkv_bias, QKV, off, rows, 1, true}
                   : Slot{&L.qkv, QKV, off, rows, H, false, &L.qkv_q, true};
     if (b == "o_proj")
-      return bias ? Slot{&L.o_bias, H, 0, H, 1, true} : Slot{&L.o, H, 0, H, Q, false, &L.o_q, true};
+      return bias ? Slot{&L.o_bias, H, 0, H, 1, true}
+                  : Slot{&L.o, H, 0, H, L.o_whole ? shard_.full.q_dim() : Q, false, &L.o_q, true};
   }
   if (a == "mlp" && !bias) {
     if (b == "gate_proj") return {&L.gate_up, 2 * I, 0, I, H, false, &L.gate_up_q, true};
     if (b == "up_proj") return {&L.gate_up, 2 * I, I, I, H, false, &L.gate_up_q, true};
-    if (b == "down_proj") return {&L.down, H, 0, H, I, false, &L.down_q, true};
+    if (b == "down_proj")
+      return {&L.down, H, 0, H, L.down_whole ? shard_.full.intermediate_size : I, false, &L.down_q, true};
   }
   return {};
 }
@@ -311,7 +313,15 @@ bool Weights::set_quant(const std::string& name, const QuantMatrix& canonical, c
   if (sel.whole) return set_quant_local(name, canonical, format);
   FANTAI_REQUIRE(!sel.zero, "tensor " << name << " cannot come quantized under tensor parallelism");
   std::vector<int64_t> keep;
-  if (!kept_columns(m, sel.col0, sel.cols, &keep)) {
+  const bool whole_groups = kept_columns(m, sel.col0, sel.cols, &keep);
+  if (!whole_groups && m.perm && keep_whole(name)) {
+    // Act-order scatters each group over the input columns, so a column split almost always
+    // cuts groups: every rank holds the whole matrix instead (its memory; the compute is
+    // repeated on each rank, which saves the all-reduce it would have needed).
+    FANTAI_LOG(kInfo, "tensor " << name << " (act-order " << format << "): kept whole on every rank");
+    return set_quant_local(name, canonical, format);
+  }
+  if (!whole_groups) {
     std::string sizes;
     for (int n : valid_tp_sizes(shard_.full)) {
       bool ok = true;
@@ -368,6 +378,19 @@ bool Weights::set_quant(const std::string& name, const QuantMatrix& canonical, c
   return set_quant_local(name, local, format);
 }
 
+// A dense layer's o / down (not an expert's): marks it whole, so resolve() gives it every input
+// column and the forward gathers its input.
+bool Weights::keep_whole(const std::string& name) {
+  static const std::regex re(R"(model\.layers\.(\d+)\.(self_attn\.o_proj|mlp\.down_proj)\.weight)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return false;
+  const int layer = std::stoi(m[1]);
+  if (layer < 0 || layer >= config_.num_layers || config_.is_moe_layer(layer)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  (m[2] == "self_attn.o_proj" ? layers_[layer].o_whole : layers_[layer].down_whole) = true;
+  return true;
+}
+
 bool Weights::set_quant_local(const std::string& name, const QuantMatrix& canonical,
                               const std::string& format) {
   Slot s = resolve(name);
@@ -396,6 +419,10 @@ void Weights::finalize() {
     need(L.input_norm, p + "input_layernorm.weight");
     need_linear(L.qkv, L.qkv_q, p + "self_attn.{q,k,v}_proj.weight");
     need_linear(L.o, L.o_q, p + "self_attn.o_proj.weight");
+    // Only rank 0 holds o's bias (it enters a sum of partials once); a whole o sums nothing.
+    FANTAI_REQUIRE(!(L.o_whole && L.o_bias.data()),
+                   "tensor " << p << "self_attn.o_proj.weight (act-order) cannot be split under tensor "
+                             << "parallelism and is kept whole, which its bias does not support yet");
     need(L.post_norm, p + (config_.sandwich_norms ? "pre_feedforward_layernorm.weight"
                                                   : "post_attention_layernorm.weight"));
     if (config_.sandwich_norms) {

@@ -50,6 +50,9 @@ struct LayerWeights {
   // qkv/o/gate_up/down hold the backend's packed dense layout (Backend::pack_dense) instead of
   // row-major; set by Weights::finalize for layers with no quantized part.
   bool packed = false;
+  // Tensor parallelism, act-order GPTQ: an o / down whose act-order groups every split would cut
+  // is kept whole on every rank and fed the ranks' gathered inputs (Model::row_parallel).
+  bool o_whole = false, down_whole = false;
   // A sparse layer (ModelConfig::is_moe_layer) has no gate_up / down above but a router
   // [num_experts, hidden] in f32 and its experts; moe_view describes them to the backend
   // (Backend::moe_experts) once finalize has packed them (experts_packed) or not.
@@ -151,6 +154,7 @@ class Weights {
   void pack_layers();
   void pack_lm_head();
   void add_tied_slice(const QuantMatrix& embed);
+  bool keep_whole(const std::string& name);
   const void* tied_rows() const;
   void copy_rows(Buffer& dst, int64_t row_offset, int64_t rows, int64_t cols, const void* src,
                  DType src_dtype, DType dst_dtype);

@@ -364,6 +364,18 @@ def test_gptq_awq_tp2_matches_tp1(tmp_path: Path, fmt: str, bits: int, group: in
     assert tp["free_blocks"] == tp["total_blocks"]
 
 
+def test_act_order_gptq_tp2_keeps_o_and_down_whole_and_matches_tp1(tmp_path: Path) -> None:
+    """Act-order scatters each group of 32 over the input columns, so no column split of o or
+    down keeps groups whole: each rank holds them whole and gathers their input. Those two
+    products are then TP = 1's, the column-parallel ones are too, and so are the logits."""
+    r = _run(_quantized_checkpoint(tmp_path, "gptq", 4, 32, False, act_order=True), 2)
+    ref, tp, again = r["tp1"], r["tp"], r["tp_again"]
+    assert r["heads_per_rank"] == 2
+    assert tp["tokens"] == ref["tokens"] and tp["logprobs"] == ref["logprobs"]
+    assert again["tokens"] == tp["tokens"] and again["logprobs"] == tp["logprobs"]
+    assert tp["free_blocks"] == tp["total_blocks"]
+
+
 def test_gptq_split_that_cuts_a_group_is_refused(tmp_path: Path) -> None:
     # MLP 160: down's 160 input columns give each of 2 ranks 80, not whole groups of 32.
     err = _run(_quantized_checkpoint(tmp_path, "gptq", 4, 32, False, inter=160), 2, "refuse")["error"]

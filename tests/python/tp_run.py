@@ -7,6 +7,7 @@ pytest process): TP = 1, then TP = 2 twice on one model directory; prints one JS
     mpirun -np N ... tp_run.py DIR N mpirun   every rank runs this; rank 0 prints TP = N twice,
                                its start-up time and its step time split into compute and
                                communication
+    tp_run.py DIR N cuda       TP = 1, then TP = N twice, on GPUs (NCCL; one GPU per rank)
     tp_run.py DIR N release    KV pages released on rank 0 and (through the step wire) the worker
     mpirun ... tp_run.py DIR N mpirun-long   rank 0 prints its pid, then decodes for ever"""
 
@@ -133,8 +134,9 @@ def main() -> None:
         while True:
             llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True),
                          use_tqdm=False)
-    out = {"tp1": run(LLM(path, **ENGINE))}
-    llm = LLM(path, tensor_parallel_size=tp, **ENGINE)
+    engine = ENGINE | {"device": "cuda"} if mode == "cuda" else ENGINE
+    out = {"tp1": run(LLM(path, **engine))}
+    llm = LLM(path, tensor_parallel_size=tp, **engine)
     out["heads_per_rank"] = llm._model.config.num_heads
     out["tp"] = run(llm)
     out["tp_again"] = run(llm)

@@ -72,7 +72,9 @@ std::vector<float> to_host(const float* p, size_t n) {
 TEST(NcclBuild, ReasonSaysWhetherNcclWasBuilt) {
   const std::string why = nccl_unavailable_reason();
   EXPECT_EQ(why.empty(), nccl_built()) << why;
-  if (!why.empty()) EXPECT_NE(why.find_first_not_of(' '), std::string::npos);
+  if (!why.empty()) {
+    EXPECT_NE(why.find_first_not_of(' '), std::string::npos);
+  }
 }
 
 TEST(NcclBuild, CudaInAGroupWithoutNcclOrGpuIsAClearError) {

@@ -79,6 +79,7 @@ fi
 # GPU tensor parallelism needs NCCL at build time (cmake/FantaiNccl.cmake: FANTAI_NCCL_ROOT, or the
 # nvidia-nccl-cu13 wheel where the venv's Python imports nvidia.nccl from, e.g. beside torch).
 note "nccl: $("$VENV/bin/python" -c "import fantai._C as c; print(c.nccl_unavailable_reason() or 'built')" 2>&1 | tail -1)"
+note "cublas: $(grep -hoE "fantai: cuBLASLt[^(]*" "$OUT/build.log" "$OUT/build_no_tests.log" 2>/dev/null | tail -1)"
 
 # ---- tests -------------------------------------------------------------------------------------
 for t in test_cuda_kernels test_nccl; do
@@ -101,6 +102,10 @@ for b in "$OUT/wheel/bench/bench_cuda" "$OUT/bench_cuda"; do
   fi
 done
 step bench_cuda_e2e 240 "$VENV/bin/python" bench/bench_cuda_e2e.py --requests 512 --prompt-len 128 --output-len 128
+# The same with the owned GEMMs for prefill (FANTAI_CUDA_GEMM=own): against the run above it shows
+# what cuBLASLt buys where the build linked it (test_cuda_kernels checks the two agree).
+FANTAI_CUDA_GEMM=own step bench_cuda_e2e_own_gemm 180 "$VENV/bin/python" bench/bench_cuda_e2e.py \
+  --requests 512 --prompt-len 128 --output-len 128 --skip-hf
 
 # ---- summary -----------------------------------------------------------------------------------
 {
@@ -109,5 +114,7 @@ step bench_cuda_e2e 240 "$VENV/bin/python" bench/bench_cuda_e2e.py --requests 51
   grep -hE "^\[ +(PASSED|FAILED|SKIPPED) +\]|^[0-9]+ (passed|failed)|passed|failed" \
     "$OUT/test_cuda_kernels.log" "$OUT/test_nccl.log" "$OUT/test_cuda_py.log" "$OUT/test_tp_nccl_py.log" 2>/dev/null | grep -vE "^\s*$" | tail -n 20 || true
   grep -hE "^[a-z0-9_]+: " "$OUT/bench_cuda.log" "$OUT/bench_cuda_e2e.log" 2>/dev/null || true
+  echo "-- with FANTAI_CUDA_GEMM=own:"
+  grep -hE "^[a-z0-9_]+: " "$OUT/bench_cuda_e2e_own_gemm.log" 2>/dev/null || true
 } | tee -a "$SUMMARY"
 note "done; summary in $SUMMARY"

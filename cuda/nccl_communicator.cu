@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -23,6 +24,12 @@ namespace fantai::cuda {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Floats per rank that one all-reduce gathers at a time. The gather buffer (this times the
+// world size) is allocated with the communicator, before the KV pool takes the GPU's free
+// memory, and a prefill's all-reduce runs through it in pieces (the sum is elementwise, so the
+// bits are the same); 16 MiB per rank keeps each piece far past NCCL's latency-bound sizes.
+constexpr int64_t kChunkFloats = int64_t{1} << 22;
 
 double env_seconds(const char* name, double fallback) {
   const char* s = std::getenv(name);
@@ -50,6 +57,15 @@ class NcclCommunicator final : public Communicator {
         world_(host_->world_size()),
         timeout_s_(env_seconds("FANTAI_TP_TIMEOUT_S", 5.0)) {
     bind();
+    // Before the collectives below: a rank that cannot have them fails before its peers wait.
+    const cudaError_t e = cudaMalloc(&scratch_, static_cast<size_t>(kChunkFloats) * world_ * sizeof(float));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      FANTAI_THROW("CUDA out of memory allocating the all-reduce's gather buffer ("
+                   << kChunkFloats * world_ * sizeof(float) / (1 << 20)
+                   << " MiB): " << cudaGetErrorString(e));
+    }
+    FANTAI_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     ncclUniqueId id{};
     if (rank_ == 0) {
       const ncclResult_t rc = ncclGetUniqueId(&id);
@@ -63,7 +79,6 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     enqueue(ncclCommInitRankConfig(&comm_, world_, id, rank_, &config), "ncclCommInitRankConfig",
             env_seconds("FANTAI_TP_START_TIMEOUT_S", 300.0));
-    FANTAI_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     int version = 0;
     ncclGetVersion(&version);
     FANTAI_LOG(kInfo, "tensor-parallel rank " << rank_ << " of " << world_ << ": NCCL " << version
@@ -92,10 +107,15 @@ class NcclCommunicator final : public Communicator {
     const auto t0 = Clock::now();
     usable("all_reduce_sum");
     bind();
-    float* g = scratch(static_cast<size_t>(n) * world_);
-    enqueue(ncclAllGather(data, g, static_cast<size_t>(n), ncclFloat, comm_, stream_), "all_reduce_sum",
-            timeout_s_);
-    sum_partials(g, data, n, world_, stream_);
+    float* g = static_cast<float*>(scratch_);
+    // The pieces follow each other on the stream: a piece's gather overwrites the buffer only
+    // after the previous piece's sum has read it.
+    for (int64_t off = 0; off < n; off += kChunkFloats) {
+      const int64_t len = std::min(kChunkFloats, n - off);
+      enqueue(ncclAllGather(data + off, g, static_cast<size_t>(len), ncclFloat, comm_, stream_),
+              "all_reduce_sum", timeout_s_);
+      sum_partials(g, data + off, len, world_, stream_);
+    }
     wait_stream("all_reduce_sum", t0);
     stats_.all_reduce_calls++;
     stats_.all_reduce_bytes += n * static_cast<int64_t>(sizeof(float));
@@ -137,23 +157,6 @@ class NcclCommunicator final : public Communicator {
   void usable(const char* what) const {
     if (broken_)
       throw std::runtime_error(std::string("tensor parallelism is down after an earlier failure; ") + what);
-  }
-
-  // Grown, never shrunk. The previous buffer is idle: every collective waits for its own end.
-  float* scratch(size_t floats) {
-    if (floats > scratch_floats_) {
-      if (scratch_) cudaFree(scratch_);
-      scratch_ = nullptr;
-      scratch_floats_ = 0;
-      const cudaError_t e = cudaMalloc(&scratch_, floats * sizeof(float));
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        FANTAI_THROW("CUDA out of memory allocating the all-reduce's " << floats * sizeof(float) / (1 << 20)
-                                                                       << " MiB gather buffer");
-      }
-      scratch_floats_ = floats;
-    }
-    return static_cast<float*>(scratch_);
   }
 
   // A non-blocking NCCL call returns ncclInProgress until its host side is done (for a
@@ -233,8 +236,7 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
   cudaEvent_t done_ = nullptr;
-  void* scratch_ = nullptr;
-  size_t scratch_floats_ = 0;
+  void* scratch_ = nullptr;  // kChunkFloats per rank
   bool broken_ = false;
   CommStats stats_;
 };

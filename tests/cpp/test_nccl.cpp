@@ -126,7 +126,7 @@ TEST(NcclComm, OneRankAllReduceAndAllGatherRunOverNccl) {
   EXPECT_EQ(comm->rank(), 0);
   EXPECT_EQ(comm->world_size(), 1);
   EXPECT_EQ(&comm->steps_owner(), host.get());
-  for (int64_t n : {1, 1000, 1 << 20}) {  // the gather buffer grows between calls
+  for (int64_t n : {int64_t{1}, int64_t{1000}, (int64_t{1} << 22) + 5}) {  // the last in two pieces
     const std::vector<float> x = randn(n, 11);
     float* d = static_cast<float*>(be->alloc(n * sizeof(float)));
     be->upload(d, x.data(), n * sizeof(float));

@@ -92,7 +92,18 @@ struct StreamBuffers {
   size_t act_bytes = 0;
 };
 
-using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, bool>;
+// The largest power of two up to 256 dividing the address. cuBLASLt's heuristic assumes
+// 256-byte aligned operands unless told; a weight row range or an output column slice may be
+// less aligned, and must not get an algorithm that needs more.
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
+// device, dtype, m, n, k, bias, and the alignments of w, x (or its rounded copy) and y.
+using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>;
 struct CachedAlgo {
   bool found = false;
   cublasLtMatmulAlgo_t algo{};
@@ -170,7 +181,9 @@ bool cublas_linear(const float* x, const void* w, DType w_dtype, const float* bi
   FANTAI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, wt, k, m, k));
   FANTAI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.d, CUDA_R_32F, n, m, n));
 
-  const AlgoKey key{device, static_cast<int>(w_dtype), m, n, k, bias != nullptr};
+  // The rounded activations live in their own cudaMalloc buffer: 256-byte aligned.
+  const uint32_t al_a = alignment(w), al_b = w_dtype == DType::kF32 ? alignment(x) : 256, al_d = alignment(y);
+  const AlgoKey key{device, static_cast<int>(w_dtype), m, n, k, bias != nullptr, al_a, al_b, al_d};
   auto found = s.algos.find(key);
   if (found == s.algos.end()) {
     if (s.algos.size() >= kMaxCachedAlgos) s.algos.clear();
@@ -179,6 +192,14 @@ bool cublas_linear(const float* x, const void* w, DType w_dtype, const float* bi
     FANTAI_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspaceBytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                         sizeof al_a);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                         sizeof al_b);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                         sizeof al_d);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                         sizeof al_d);
     cublasLtMatmulHeuristicResult_t r{};
     int count = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h->second, d.op, d.a, d.b, d.d, d.d, pref, 1, &r,

@@ -4,7 +4,7 @@
 //    8 KV, head_dim 64; bf16 KV, block 16): K/V bytes read per second and that as a fraction of
 //    the copy bandwidth,
 //  - the bf16 GEMV (decode linear, m = 1) and weight-only INT4 GEMV weight bandwidth fractions and
-//    the bf16 tensor-core GEMM throughput at a prefill shape.
+//    the bf16 tensor-core GEMM throughput at a prefill shape, owned and (where linked) cuBLASLt.
 // Exits 0 with a note when no GPU is present.
 #include <cuda_runtime.h>
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/gemm_impl.h"
 #include "cuda/kernels.h"
 
 namespace {
@@ -113,8 +114,20 @@ void bench_linear(double copy_bw) {
   const double s8 = time_it([&] { cuda::linear(x, w, DType::kBF16, nullptr, y, 8, n, k, nullptr); }, 50);
   std::printf("gemv_bf16_m8_fraction_of_copy: %.3f\n", wbytes / s8 / copy_bw);
   const int64_t m = 4096;
+  // The owned tensor-core kernel, then cuBLASLt where this build links it (linear()'s default
+  // for prefill rows there).
+  const cuda::GemmImpl before = cuda::gemm_impl();
+  cuda::set_gemm_impl(cuda::GemmImpl::kOwn);
   const double sg = time_it([&] { cuda::linear(x, w, DType::kBF16, nullptr, y, m, n, k, nullptr); }, 5);
   std::printf("gemm_bf16_m%ld_TFLOPs: %.1f\n", static_cast<long>(m), 2.0 * m * n * k / sg / 1e12);
+  if (cuda::cublas_built()) {
+    cuda::set_gemm_impl(cuda::GemmImpl::kCublas);
+    const double sc = time_it([&] { cuda::linear(x, w, DType::kBF16, nullptr, y, m, n, k, nullptr); }, 5);
+    std::printf("gemm_bf16_m%ld_cublas_TFLOPs: %.1f\n", static_cast<long>(m), 2.0 * m * n * k / sc / 1e12);
+  } else {
+    std::printf("gemm_bf16_cublas: not linked in this build\n");
+  }
+  cuda::set_gemm_impl(before);
   {  // weight-only INT4, group 128, zero per group: the packed bytes a decode GEMV must read
     const int32_t group = 128;
     const int64_t ng = k / group;

@@ -76,14 +76,23 @@ if ! "$VENV/bin/python" -c "import fantai._C as c; assert 'cuda' in c.available_
   note "fantai with a usable cuda backend did not import: $(tail -n 3 "$OUT/import.log" | tr '\n' ' ')"
 fi
 
+# GPU tensor parallelism needs NCCL at build time (cmake/FantaiNccl.cmake: FANTAI_NCCL_ROOT, or the
+# nvidia-nccl-cu13 wheel where the venv's Python imports nvidia.nccl from, e.g. beside torch).
+note "nccl: $("$VENV/bin/python" -c "import fantai._C as c; print(c.nccl_unavailable_reason() or 'built')" 2>&1 | tail -1)"
+note "cublas: $(grep -hoE "fantai: cuBLASLt[^(]*" "$OUT/build.log" "$OUT/build_no_tests.log" 2>/dev/null | tail -1)"
+
 # ---- tests -------------------------------------------------------------------------------------
-if [[ -x "$OUT/wheel/tests/cpp/test_cuda_kernels" ]]; then
-  step test_cuda_kernels 120 "$OUT/wheel/tests/cpp/test_cuda_kernels"
-else
-  note "test_cuda_kernels: not built"
-fi
+for t in test_cuda_kernels test_nccl; do
+  if [[ -x "$OUT/wheel/tests/cpp/$t" ]]; then
+    step "$t" 120 "$OUT/wheel/tests/cpp/$t"
+  else
+    note "$t: not built"
+  fi
+done
 cd "$ROOT"
 step test_cuda_py 240 "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py
+# The one-rank NCCL engine against the plain one (and TP = 2 over NCCL where two GPUs are).
+step test_tp_nccl_py 180 "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider tests/python/test_tp_nccl.py
 
 # ---- figures -----------------------------------------------------------------------------------
 for b in "$OUT/wheel/bench/bench_cuda" "$OUT/bench_cuda"; do
@@ -93,13 +102,19 @@ for b in "$OUT/wheel/bench/bench_cuda" "$OUT/bench_cuda"; do
   fi
 done
 step bench_cuda_e2e 240 "$VENV/bin/python" bench/bench_cuda_e2e.py --requests 512 --prompt-len 128 --output-len 128
+# The same with the owned GEMMs for prefill (FANTAI_CUDA_GEMM=own): against the run above it shows
+# what cuBLASLt buys where the build linked it (test_cuda_kernels checks the two agree).
+FANTAI_CUDA_GEMM=own step bench_cuda_e2e_own_gemm 180 "$VENV/bin/python" bench/bench_cuda_e2e.py \
+  --requests 512 --prompt-len 128 --output-len 128 --skip-hf
 
 # ---- summary -----------------------------------------------------------------------------------
 {
   echo
   echo "==== gpu_check summary ($(( $(date +%s) - START ))s) ===="
   grep -hE "^\[ +(PASSED|FAILED|SKIPPED) +\]|^[0-9]+ (passed|failed)|passed|failed" \
-    "$OUT/test_cuda_kernels.log" "$OUT/test_cuda_py.log" 2>/dev/null | grep -vE "^\s*$" | tail -n 20 || true
+    "$OUT/test_cuda_kernels.log" "$OUT/test_nccl.log" "$OUT/test_cuda_py.log" "$OUT/test_tp_nccl_py.log" 2>/dev/null | grep -vE "^\s*$" | tail -n 20 || true
   grep -hE "^[a-z0-9_]+: " "$OUT/bench_cuda.log" "$OUT/bench_cuda_e2e.log" 2>/dev/null || true
+  echo "-- with FANTAI_CUDA_GEMM=own:"
+  grep -hE "^[a-z0-9_]+: " "$OUT/bench_cuda_e2e_own_gemm.log" 2>/dev/null || true
 } | tee -a "$SUMMARY"
 note "done; summary in $SUMMARY"

@@ -36,6 +36,7 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(stream_);
   }
 
+  cudaStream_t stream() const { return stream_; }
   std::string name() const override { return "cuda"; }
   int num_threads() const override { return 1; }
   bool is_device() const override { return true; }
@@ -293,6 +294,12 @@ std::string device_unavailable_reason() {
     return std::string("no usable CUDA device (") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")";
   }
   return n > 0 ? "" : "no CUDA device found";
+}
+
+void* backend_stream(Backend& be) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&be);
+  FANTAI_CHECK(cuda, "backend '" << be.name() << "' is not a CUDA backend");
+  return cuda->stream();
 }
 
 std::shared_ptr<Backend> create_cuda_backend(int device) {

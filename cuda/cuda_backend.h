@@ -15,5 +15,8 @@ std::string device_unavailable_reason();
 // The backend on device `device` (default: CUDA_VISIBLE_DEVICES' first). Throws a clear
 // InvalidArgument when no device is present.
 std::shared_ptr<Backend> create_cuda_backend(int device = 0);
+// The cudaStream_t a CUDA backend runs every op on (a device communicator's collectives go on it
+// too, so they fall in order with the ops around them). Throws for a backend of another kind.
+void* backend_stream(Backend& be);
 
 }  // namespace fantai::cuda

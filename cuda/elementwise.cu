@@ -90,6 +90,15 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
     x[i] += y[i];
 }
 
+__global__ void sum_partials_kernel(const float* gathered, float* out, int64_t n, int32_t world) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = gathered[i];
+    for (int32_t r = 1; r < world; ++r) s += gathered[static_cast<int64_t>(r) * n + i];
+    out[i] = s;
+  }
+}
+
 unsigned grid_for(int64_t n, int threads) {
   return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65535));
 }
@@ -155,6 +164,12 @@ void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, in
 void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, y, n);
+  FANTAI_CUDA_LAUNCHED();
+}
+
+void sum_partials(const float* gathered, float* out, int64_t n, int32_t world, cudaStream_t stream) {
+  if (n == 0) return;
+  sum_partials_kernel<<<grid_for(n, 256), 256, 0, stream>>>(gathered, out, n, world);
   FANTAI_CUDA_LAUNCHED();
 }
 

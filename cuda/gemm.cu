@@ -1,6 +1,11 @@
-// cuda: y = x * w^T (+ bias) with f32 activations, no cuBLAS.
+// cuda: y = x * w^T (+ bias) with f32 activations.
 //
 // Compute modes, and why:
+// - m >= kCublasMinRows (prefill) with cuBLASLt built and chosen (gemm_impl.h, the default where
+//   built; FANTAI_CUDA_GEMM=own keeps the owned kernels below): cublas_gemm.cu, f32 accumulate,
+//   f32 weights in full f32, 16-bit weights against activations rounded to their dtype (as the
+//   tensor-core kernel below rounds them). Its algorithm may change with m, so there a row's
+//   rounding can depend on the batch; the owned kernels below never do within one mode.
 // - f32 weights: a SIMT tiled SGEMM with f32 FMA (no TF32), so f32 models match transformers'
 //   f32 matmul closely (torch keeps TF32 off for matmul by default).
 // - 16-bit weights, m <= kGemvMaxRows (decode): a GEMV that keeps the activations in f32 and
@@ -19,6 +24,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/gemm_impl.h"
 #include "cuda/kernels.h"
 
 namespace fantai::cuda {
@@ -263,6 +269,9 @@ __global__ void __launch_bounds__(kTThreads)
 void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m, int64_t n,
             int64_t k, cudaStream_t stream) {
   if (m == 0 || n == 0) return;
+  if (m >= kCublasMinRows && gemm_impl() == GemmImpl::kCublas &&
+      cublas_linear(x, w, w_dtype, bias, y, m, n, k, stream))
+    return;
   FANTAI_REQUIRE(m <= int64_t{65535} * std::min(kSBM, kTBM), "linear: too many rows (" << m << ")");
   if (w_dtype == DType::kF32) {
     const dim3 grid(ceil_div(n, kSBN), ceil_div(m, kSBM));

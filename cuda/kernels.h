@@ -32,6 +32,10 @@ void softcap(float* x, float cap, int64_t n, cudaStream_t stream);
 void embedding(const int32_t* ids, int64_t n, const void* table, DType dtype, int64_t dim, float* out,
                cudaStream_t stream);
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);
+// out[i] = gathered[0 * n + i] + gathered[1 * n + i] + ... + gathered[(world - 1) * n + i], added
+// in that order (the NCCL all-reduce: every rank sums the gathered partials alike, as the MPI
+// one does on the host). out may alias gathered's first partial.
+void sum_partials(const float* gathered, float* out, int64_t n, int32_t world, cudaStream_t stream);
 
 // gemm.cu. y[m, n] = x[m, k] * w[n, k]^T (+ bias[n]).
 void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m, int64_t n,

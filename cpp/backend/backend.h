@@ -46,6 +46,9 @@ class Communicator {
   // group that stopped so is finalized (mpi_finalize).
   enum : int { kStepsNone = 0, kStepsRunning = 1, kStepsStopped = 2 };
   std::atomic<int> steps_state{kStepsNone};
+  // Whose steps_state stands for the group: this one, or the host (MPI) communicator a device
+  // one (NCCL) runs beside, so the step loop and mpi_finalize read the same state.
+  virtual Communicator& steps_owner() { return *this; }
 };
 
 // Coarse ops over raw pointers. All activations are f32, row-major. Implementations must be

@@ -1,12 +1,15 @@
 // backend: the registry that picks a backend by name (one of the three dispatch points).
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/mpi_communicator.h"
 #include "common/check.h"
 #include "cpu/cpu_backend.h"
 #ifdef FANTAI_WITH_CUDA
 #include "cuda/cuda_backend.h"
+#include "cuda/nccl_communicator.h"
 #endif
 
 namespace fantai {
@@ -83,6 +86,55 @@ std::shared_ptr<Backend> with_communicator(std::shared_ptr<Backend> be) {
 }
 }  // namespace
 
+std::string nccl_unavailable_reason() {
+#if defined(FANTAI_WITH_CUDA) && defined(FANTAI_WITH_NCCL)
+  return "";
+#elif defined(FANTAI_NCCL_MISSING_REASON)
+  return FANTAI_NCCL_MISSING_REASON;
+#else
+  return "this build of fantai has no CUDA backend";
+#endif
+}
+
+#ifdef FANTAI_WITH_CUDA
+namespace {
+// A backend of a tensor-parallel group's rank: the GPU of its index among the ranks on its host,
+// with NCCL for the collectives. FANTAI_NCCL_ONE_RANK=1 gives a one-rank process the NCCL
+// communicator too (a GPU check runs NCCL's path against the plain one with a single GPU).
+std::shared_ptr<Backend> create_cuda_rank(const std::string& name, int device) {
+  std::shared_ptr<Communicator> host = process_comm();
+  const bool group = host->world_size() > 1;
+  const char* one = std::getenv("FANTAI_NCCL_ONE_RANK");
+  if (!group && !(one && std::strcmp(one, "1") == 0))
+    return with_communicator(cuda::create_cuda_backend(device));
+  const std::string nccl = nccl_unavailable_reason();
+  FANTAI_REQUIRE(nccl.empty(), "tensor parallelism on CUDA devices needs NCCL, and "
+                                   << nccl
+                                   << " (pip install nvidia-nccl-cu13 into the Python that builds fantai, "
+                                   << "or set FANTAI_NCCL_ROOT, then rebuild)");
+  // Checked before the collectives below, so every rank of a group without GPUs refuses alike.
+  const std::string why = cuda::device_unavailable_reason();
+  FANTAI_REQUIRE(why.empty(), "backend 'cuda' is unavailable: " << why);
+  if (group) {
+    FANTAI_REQUIRE(name.size() <= 5, "with tensor_parallel_size > 1 each rank takes the GPU of its index "
+                                         << "among the ranks on its host: ask for device 'cuda', not '"
+                                         << name << "' (CUDA_VISIBLE_DEVICES picks the GPUs)");
+    device = cuda::nccl_local_rank(*host);
+    FANTAI_REQUIRE(device < cuda::device_count(), "tensor-parallel rank "
+                                                      << host->rank() << " is rank " << device
+                                                      << " on its host and takes GPU " << device
+                                                      << ", but this process sees " << cuda::device_count()
+                                                      << " CUDA device(s): one GPU per rank");
+  }
+  std::shared_ptr<Backend> be = cuda::create_cuda_backend(device);
+#ifdef FANTAI_WITH_NCCL
+  be->set_communicator(cuda::create_nccl_communicator(host, device, cuda::backend_stream(*be)));
+#endif
+  return be;
+}
+}  // namespace
+#endif
+
 void set_process_communicator(std::shared_ptr<Communicator> comm) {
   process_comm() = comm ? std::move(comm) : std::make_shared<Communicator>();
 }
@@ -99,7 +151,7 @@ std::shared_ptr<Backend> create_backend(const std::string& name, int num_threads
                      "bad CUDA device '" << name << "' (use cuda or cuda:N)");
       device = std::stoi(idx);
     }
-    return with_communicator(cuda::create_cuda_backend(device));
+    return create_cuda_rank(name, device);
 #else
     FANTAI_THROW(
         "backend '" << name

@@ -530,6 +530,8 @@ PYBIND11_MODULE(_C, m) {
   bind_engine(m);
   // Tensor parallelism: the process's communicator is set before any backend is made.
   m.def("mpi_unavailable_reason", &mpi_unavailable_reason);
+  // "" when CUDA devices can be joined over NCCL (tensor parallelism on GPU ranks), else why not.
+  m.def("nccl_unavailable_reason", &nccl_unavailable_reason);
   m.def("tp_world_rank", &mpi_world_rank);
   m.def(
       "tp_connect",

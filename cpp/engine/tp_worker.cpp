@@ -56,7 +56,7 @@ void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks
   for (int k = 0; k < kinds; ++k) hs[4 + k] = num_blocks[k];
   comm.broadcast(hs, sizeof hs, 0, true);  // idle: the other ranks may still be loading
   agree(comm, true, "model or options");
-  comm.steps_state = Communicator::kStepsRunning;
+  comm.steps_owner().steps_state = Communicator::kStepsRunning;
 }
 
 void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
@@ -105,7 +105,7 @@ void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
 // A release: h[1] runs of (kind, first, count), h[7] their bytes.
 void tp_send_release(model::Model& m, const std::vector<int32_t>& runs) {
   Communicator& comm = m.backend()->communicator();
-  if (comm.steps_state != Communicator::kStepsRunning) return;
+  if (comm.steps_owner().steps_state != Communicator::kStepsRunning) return;
   const int64_t n = static_cast<int64_t>(runs.size() / 3);
   int64_t h[kHeader] = {kOpRelease, n, 0, 0, 0, 0, 0, n * 3 * static_cast<int64_t>(sizeof(int32_t)), 0, 0};
   comm.broadcast(h, sizeof h, 0);
@@ -116,7 +116,8 @@ void tp_send_stop(model::Model& m) { tp_stop_group(m.backend()->communicator());
 
 void tp_stop_group(Communicator& comm) {
   int running = Communicator::kStepsRunning;
-  if (comm.rank() != 0 || !comm.steps_state.compare_exchange_strong(running, Communicator::kStepsStopped))
+  if (comm.rank() != 0 ||
+      !comm.steps_owner().steps_state.compare_exchange_strong(running, Communicator::kStepsStopped))
     return;
   int64_t h[kHeader] = {kOpStop, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   comm.broadcast(h, sizeof h, 0);
@@ -128,7 +129,7 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
   int64_t hs[kHandshake] = {};
   comm.broadcast(hs, sizeof hs, 0, true);
   agree(comm, hs[3] == fingerprint(*m), "model or options");
-  comm.steps_state = Communicator::kStepsRunning;
+  comm.steps_owner().steps_state = Communicator::kStepsRunning;
   const std::vector<int32_t> windows = model::KVCache::kind_windows(m->config());
   FANTAI_CHECK(hs[0] == static_cast<int64_t>(windows.size()),
                "rank 0 has " << hs[0] << " KV kinds, this rank " << windows.size());
@@ -144,7 +145,7 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
     int64_t h[kHeader];
     comm.broadcast(h, sizeof h, 0, true);
     if (h[0] == kOpStop) {
-      comm.steps_state = Communicator::kStepsStopped;
+      comm.steps_owner().steps_state = Communicator::kStepsStopped;
       return;
     }
     if (h[0] == kOpRelease) {

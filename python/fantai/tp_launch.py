@@ -1,6 +1,9 @@
 """Tensor parallelism: how the ranks start and what ranks > 0 do.
 
-One process per rank, joined by MPI (Open MPI): never a transport of fantai's own. Rank 0 is the
+One process per rank, joined by MPI (Open MPI): never a transport of fantai's own. On GPUs
+(device cuda) each rank takes the GPU of its index among the ranks on its host and the
+all-reduces run over NCCL, bootstrapped over MPI, which still starts the ranks and carries each
+step's batch. Rank 0 is the
 process the user started (LLM, AsyncEngine, `fantai serve`): it owns the scheduler, the sampler
 and the HTTP server and sends each step's batch to the others, which run the same forward on
 their share and join its all-reduces.
@@ -63,7 +66,7 @@ def start_ranks(options: Any) -> int | None:
         raise RuntimeError(f"tensor_parallel_size={n} needs MPI, and {reason} "
                            "(apt-get install libopenmpi-dev openmpi-bin, then rebuild fantai)")
     if options.device != "cpu":
-        raise ValueError("tensor parallelism runs CPU ranks over MPI; GPU ranks (NCCL) are not built")
+        _check_gpu_ranks(options.device, n)
     if _under_mpirun():
         here = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
         if _C.tp_world_rank() > 0:
@@ -80,6 +83,24 @@ def start_ranks(options: Any) -> int | None:
     _C.tp_connect(n, [sys.executable, "-m", "fantai.tp_launch", json.dumps(spec)], _timeout())
     _finalize_at_exit()
     return threads
+
+
+def _check_gpu_ranks(device: str, n: int) -> None:
+    """GPU ranks: one GPU each (the rank's index on its host), joined by NCCL while MPI still
+    starts the ranks and carries the step's host data. Refused here, before any rank starts, when
+    this build has no NCCL or this process sees no GPU: the same errors every rank would raise."""
+    why = _C.nccl_unavailable_reason()
+    if why:
+        raise RuntimeError(f"tensor_parallel_size={n} on device {device!r} needs NCCL, and {why} "
+                           "(pip install nvidia-nccl-cu13 into the Python that builds fantai, or set "
+                           "FANTAI_NCCL_ROOT, then rebuild)")
+    if "cuda" not in _C.available_backends():
+        raise ValueError(f"tensor_parallel_size={n} on device {device!r}: backend 'cuda' is unavailable "
+                         "(no CUDA device is visible to this process)")
+    if device != "cuda":
+        raise ValueError(f"tensor_parallel_size={n} gives each rank the GPU of its index among the ranks "
+                         f"on its host: ask for device 'cuda', not {device!r} (CUDA_VISIBLE_DEVICES "
+                         "picks the GPUs)")
 
 
 _finalize_registered = False

@@ -18,6 +18,7 @@
 #include "common/check.h"
 #include "cpu/kernels.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/gemm_impl.h"
 #include "cuda/kernels.h"
 
 namespace fantai::cuda {
@@ -233,9 +234,21 @@ TEST(CudaKernels, LinearMatchesReference) {
       for (bool bias : {false, true}) check_linear(s[0], s[1], s[2], wt, bias, seed += 3);
 }
 
-// Within one compute mode a row's bits do not depend on how many rows share the call.
+// Runs a scope on one GEMM implementation, then restores the one before.
+class WithGemm {
+ public:
+  explicit WithGemm(GemmImpl impl) : before_(gemm_impl()) { set_gemm_impl(impl); }
+  ~WithGemm() { set_gemm_impl(before_); }
+
+ private:
+  GemmImpl before_;
+};
+
+// Within one compute mode of the owned kernels a row's bits do not depend on how many rows share
+// the call (cuBLAS may pick another algorithm per row count: not promised there).
 TEST(CudaKernels, LinearRowsDoNotDependOnTheBatch) {
   SKIP_WITHOUT_GPU();
+  WithGemm own(GemmImpl::kOwn);
   const int64_t n = 200, k = 336;
   struct Case {
     DType t;
@@ -251,6 +264,48 @@ TEST(CudaKernels, LinearRowsDoNotDependOnTheBatch) {
     const auto big = dbig.get(), small = dsmall.get();
     EXPECT_TRUE(bitwise_equal(big.data(), small.data(), small.size()));
   }
+}
+
+// cuBLASLt (prefill rows) against the owned kernels on the same inputs. Both see the same operands
+// (16-bit weights meet activations rounded to their dtype in both, and bf16 x bf16 products are
+// exact in f32), so they differ only in the order f32 partial sums are added: bounded by
+// 1e-4 * sum_k |x| |w| per element (about k * 2^-24 relative for k <= 1000, with room), plus
+// 1e-6 absolute. A wrong layout, transpose or bias would miss that by orders of magnitude.
+TEST(CudaKernels, CublasLinearMatchesTheOwnedKernels) {
+  SKIP_WITHOUT_GPU();
+  if (!cublas_built()) GTEST_SKIP() << "this build does not link cuBLASLt";
+  const int64_t shapes[][3] = {{16, 64, 64}, {37, 70, 129}, {130, 40, 64}, {65, 129, 1000}, {256, 192, 768}};
+  uint32_t seed = 101;
+  for (DType wt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (const auto& s : shapes)
+      for (bool with_bias : {false, true}) {
+        const int64_t m = s[0], n = s[1], k = s[2];
+        SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k << " " << dtype_name(wt)
+                                          << " bias=" << with_bias);
+        auto x = randn(m * k, seed += 3), wf = rounded(randn(n * k, seed + 1), wt), bias = randn(n, seed + 2);
+        const auto xr = wt == DType::kF32 ? x : rounded(x, wt);
+        std::vector<float> mag(m * n), ax(m * k), aw(n * k);
+        for (size_t i = 0; i < ax.size(); ++i) ax[i] = std::fabs(xr[i]);
+        for (size_t i = 0; i < aw.size(); ++i) aw[i] = std::fabs(wf[i]);
+        ref::linear(ax.data(), aw.data(), DType::kF32, nullptr, mag.data(), m, n, k);
+        Dev dx(x), dw(encode(wf, wt)), db(bias), down(m * n * 4), dcub(m * n * 4);
+        const float* b = with_bias ? db.as() : nullptr;
+        {
+          WithGemm own(GemmImpl::kOwn);
+          linear(dx.as(), dw.as<void>(), wt, b, down.as(), m, n, k, nullptr);
+        }
+        {
+          WithGemm cub(GemmImpl::kCublas);
+          linear(dx.as(), dw.as<void>(), wt, b, dcub.as(), m, n, k, nullptr);
+        }
+        const auto o = down.get(), c = dcub.get();
+        int bad = 0;
+        for (size_t i = 0; i < o.size(); ++i)
+          if (!(std::fabs(o[i] - c[i]) <= 1e-4f * mag[i] + 1e-6f) && bad++ < 3)
+            ADD_FAILURE() << "element " << i << ": own " << o[i] << ", cuBLAS " << c[i] << ", |x||w| "
+                          << mag[i];
+        EXPECT_EQ(bad, 0);
+      }
 }
 
 // ---- attention ---------------------------------------------------------------------------------

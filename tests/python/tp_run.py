@@ -7,6 +7,7 @@ pytest process): TP = 1, then TP = 2 twice on one model directory; prints one JS
     mpirun -np N ... tp_run.py DIR N mpirun   every rank runs this; rank 0 prints TP = N twice,
                                its start-up time and its step time split into compute and
                                communication
+    tp_run.py DIR N cuda       TP = 1, then TP = N twice, on GPUs (NCCL; one GPU per rank)
     tp_run.py DIR N release    KV pages released on rank 0 and (through the step wire) the worker
     mpirun ... tp_run.py DIR N mpirun-long   rank 0 prints its pid, then decodes for ever"""
 
@@ -133,11 +134,12 @@ def main() -> None:
         while True:
             llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True),
                          use_tqdm=False)
-    ref = LLM(path, **ENGINE)
+    engine = ENGINE | {"device": "cuda"} if mode == "cuda" else ENGINE
+    ref = LLM(path, **engine)
     out = {"tp1": run(ref), "vocab": ref._model.config.vocab_size,
            "lm_head_bytes": {"tp1": ref._model.lm_head_bytes()}, "quant_bytes": ref._model.quant_bytes()}
     del ref
-    llm = LLM(path, tensor_parallel_size=tp, **ENGINE)
+    llm = LLM(path, tensor_parallel_size=tp, **engine)
     out["heads_per_rank"] = llm._model.config.num_heads
     out["lm_head_bytes"]["tp"] = llm._model.lm_head_bytes()  # rank 0's
     out["tp"] = run(llm)

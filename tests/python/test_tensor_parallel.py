@@ -62,16 +62,43 @@ def _run(path: Path, tp: int, *extra: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# TP = 3: 6 heads (hidden 96), MLP and expert widths divisible by 3.
+VARIANTS_TP3 = {
+    # the one KV head replicated on all three ranks
+    "llama_kv1": dict(arch="llama", hidden=96, heads=6, kv_heads=1, inter=96),
+    # 3 KV heads, one per rank; q/k/v biases
+    "qwen2_bias": dict(arch="qwen2", hidden=96, heads=6, kv_heads=3, inter=96, use_sliding_window=False),
+    "qwen3_qk_norm": dict(arch="qwen3", hidden=96, heads=6, kv_heads=3, head_dim=32, inter=96,
+                          use_sliding_window=False),
+    "mixtral_moe": dict(arch="mixtral", hidden=96, heads=6, kv_heads=3, num_local_experts=4,
+                        num_experts_per_tok=2, inter=96),
+}
+
+
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp(request.param), **VARIANTS[request.param])
 
 
+@pytest.fixture(scope="module", params=sorted(VARIANTS_TP3))
+def model_dir_tp3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp(request.param + "_tp3"), **VARIANTS_TP3[request.param])
+
+
 def test_tp2_matches_tp1_and_repeats(model_dir: Path) -> None:
     """Greedy tokens equal TP = 1's through chunked prefill, preemption and prefix caching;
     logprobs within LOGPROB_ATOL; the second TP = 2 run gives the same bits; no KV leaks."""
-    r = _run(model_dir, 2)
-    assert r["heads_per_rank"] == 2  # rank 0 really holds half the heads
+    _check_matches_tp1(model_dir, 2)
+
+
+def test_tp3_matches_tp1_and_repeats(model_dir_tp3: Path) -> None:
+    _check_matches_tp1(model_dir_tp3, 3)
+
+
+def _check_matches_tp1(path: Path, n: int) -> None:
+    r = _run(path, n)
+    full = json.loads((path / "config.json").read_text())["num_attention_heads"]
+    assert r["heads_per_rank"] == full // n  # rank 0 really holds its share of the heads
     ref, tp, again = r["tp1"], r["tp"], r["tp_again"]
     assert ref["preemptions"] > 0  # the small pool really preempts
     assert tp["tokens"] == ref["tokens"]
@@ -81,7 +108,7 @@ def test_tp2_matches_tp1_and_repeats(model_dir: Path) -> None:
     assert again["tokens"] == tp["tokens"] and again["logprobs"] == tp["logprobs"]
     for run in (ref, tp, again):
         assert run["free_blocks"] == run["total_blocks"]
-    assert r["comm"]["world_size"] == 2 and r["comm"]["all_reduce_calls"] > 0
+    assert r["comm"]["world_size"] == n and r["comm"]["all_reduce_calls"] > 0
 
 
 # The vocab-parallel lm_head: rank r keeps rows [r V/N, (r+1) V/N), so a vocabulary that N does not

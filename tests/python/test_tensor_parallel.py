@@ -228,6 +228,23 @@ def test_served_tp2_answers_and_a_killed_rank_ends_it(tmp_path: Path) -> None:
         assert text == reply.choices[0].message.content
         metrics = metric_values(httpx.get(f"{server.base_url}/metrics", timeout=10).text)
         assert metrics["fantai_kv_cache_blocks_used"] == 0
+        # A client that walks away mid-stream: its blocks come back. Every rank's block tables are
+        # rank 0's (sent with each step), so rank 0's count is every rank's.
+        gone = client.completions.create(model="tiny", prompt="w10 w11", max_tokens=2000, temperature=0,
+                                         stream=True, extra_body={"ignore_eos": True})
+        it = iter(gone)
+        next(it), next(it)
+        assert metric_values(httpx.get(f"{server.base_url}/metrics", timeout=10).text)[
+            "fantai_kv_cache_blocks_used"] > 0
+        gone.close()
+        deadline, used = time.monotonic() + 10, -1
+        while time.monotonic() < deadline:
+            used = metric_values(httpx.get(f"{server.base_url}/metrics", timeout=10).text)[
+                "fantai_kv_cache_blocks_used"]
+            if used == 0:
+                break
+            time.sleep(0.1)
+        assert used == 0
         workers = _workers(server.proc.pid)
         assert len(workers) == 1, workers
         helpers = _descendants(server.proc.pid)

@@ -189,10 +189,17 @@ struct QFormat {
   // loader does, so the CPU keeps only them); false: only the f32 products (the layout before).
   int factor = 0;
   bool keep_factors = false;
+  // Bits of the stored values when fewer than `bits` (GGUF Q5_x / Q6_K: 5- or 6-bit values the
+  // canonical form holds as bytes); 0: all `bits`.
+  int width = 0;
 };
-const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},    {"q4_0", 4, 32, 8, false},
-                             {"q8_0", 8, 32, 128, false}, {"q4_k", 4, 32, 0, true},
-                             {"q6_k", 8, 16, 32, false},  {"int8", 8, 0, 128, false}};
+const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},
+                             {"q4_0", 4, 32, 8, false},
+                             {"q8_0", 8, 32, 128, false},
+                             {"q4_k", 4, 32, 0, true},
+                             {"q6_k", 8, 16, 32, false, 0, false, 6},
+                             {"q5_0", 8, 32, 16, false, 0, false, 5},
+                             {"int8", 8, 0, 128, false}};
 
 struct QWeight {
   void* mem = nullptr;
@@ -210,7 +217,8 @@ struct QWeight {
     const int64_t ng = (cols + t.group - 1) / t.group;
     std::mt19937 g(seed);
     t.q.resize(rows * cols);
-    for (auto& v : t.q) v = static_cast<uint8_t>(g() & ((1u << f.bits) - 1));
+    const int width = f.width ? f.width : f.bits;
+    for (auto& v : t.q) v = static_cast<uint8_t>(g() & ((1u << width) - 1));
     t.scale.assign(rows * ng, 0.0078125f);  // f16 values, as the GGUF formats hold them
     if (f.min) t.min.assign(rows * ng, -0.0625f);
     if (f.factor > 0 && ng % f.factor == 0) {
@@ -298,10 +306,18 @@ void bench_linear_q(Backend& b, const QFormat& f, int64_t m, int64_t n, int64_t 
 // (factors kept: f16 per super-block, int8 per group) and in the one before (f32 scale and min
 // per group), decode (m = 1) over 24 matrices of [4096, 4096] (more than the caches), one after
 // another; GB/s of the bytes the layout keeps, against the read-bandwidth probe.
+// The other GGUF formats follow at the same shape (their scales f16 values, as the file's), so
+// every format's decode bandwidth can be compared on one out-of-cache workload.
 const QFormat kKFormats[] = {{"q4_k", 4, 32, 0, true, 8, true},
                              {"q4_k f32 scales", 4, 32, 0, true, 8, false},
-                             {"q6_k", 8, 16, 32, false, 16, true},
-                             {"q6_k f32 scales", 8, 16, 32, false, 16, false}};
+                             {"q6_k", 8, 16, 32, false, 16, true, 6},
+                             {"q6_k f32 scales", 8, 16, 32, false, 16, false, 6},
+                             {"q5_k", 8, 32, 0, true, 8, true, 5},
+                             {"q5_0", 8, 32, 16, false, 0, false, 5},
+                             {"q5_1", 8, 32, 0, true, 0, false, 5},
+                             {"q4_0", 4, 32, 8, false},
+                             {"q4_1", 4, 32, 0, true},
+                             {"q8_0", 8, 32, 128, false}};
 
 void bench_kstep(Backend& b, const QFormat& f) {
   const int64_t n = 4096, k = 4096, count = 24;

@@ -48,6 +48,15 @@ const QKernelTable& qkernels_for(Isa isa);
 // columns (8-bit) or 8 columns (4-bit) 64 bytes: 4 consecutive bytes per row (row-major lanes),
 // so one vpdpbusd multiplies 16 rows by 4 activations with no horizontal sum. 4-bit: the low
 // nibbles hold columns c..c+3 and the high nibbles c+4..c+7. Groups are padded to whole steps.
+// The packed matrix's `bits` is the value width kept: the narrowest of 4, 5, 6, 8 holding every
+// value of the canonical one (GGUF Q5_0 / Q5_1 / Q5_K arrive as bytes < 32, Q6_K < 64). 5- and
+// 6-bit values keep the 4-bit steps for their low 4 bits and add, per step, one (5-bit) or two
+// (6-bit) bit planes of 16 bytes: plane i holds bit 4 + i as two little-endian 64-bit words, the
+// first for the step's low-nibble vector and the second for its high-nibble one, bit j of a word
+// standing for byte j of that 64-byte vector (row lane j / 4, column c + j % 4, or c + 4 + j % 4).
+// So AVX-512 rebuilds a vector with one masked byte add of 16 (or 32) per plane, the word as the
+// mask. A group's planes follow its nibble steps: group bytes = steps * (64 + 16 * (bits - 4)),
+// i.e. 2 * bits bytes per column, and a group of 32 (or 16) stays a whole number of cache lines.
 // scale / zero / min are panel-major: [panels, ngroups, 16]. When every scale and min is an f16
 // value (GGUF Q4_0/Q4_1/Q8_0 store them so) they are kept as f16 (kCpuQuantPanelHalfLayout;
 // the float pointers then point at uint16 data), which keeps the resident size at the file's.
@@ -65,6 +74,10 @@ const QKernelTable& qkernels_for(Isa isa);
 constexpr int32_t kCpuQuantPanelLayout = 2;
 constexpr int32_t kCpuQuantPanelHalfLayout = 3;
 constexpr int32_t kCpuQuantPanelSubLayout = 4;
+// Bytes of the bit planes of one 8-column step at value width bits (5 or 6), and of the whole
+// step with its 64 nibble bytes.
+constexpr int64_t panel_plane_bytes(int32_t bits) { return 16 * (bits - 4); }
+constexpr int64_t panel_step_bytes(int32_t bits) { return 64 + (bits > 4 ? panel_plane_bytes(bits) : 0); }
 inline bool is_panel_layout(int32_t layout) {
   return layout == kCpuQuantPanelLayout || layout == kCpuQuantPanelHalfLayout ||
          layout == kCpuQuantPanelSubLayout;

@@ -51,7 +51,8 @@ thread_local Scratch t_scratch;
 template <int BITS>
 void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
-  const int64_t gbytes = BITS == 8 ? G * 16 : G * 8;
+  const int64_t gbytes = G * 2 * BITS;
+  constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
   const uint8_t* panel = static_cast<const uint8_t*>(w.data) + p * w.ld;
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
   for (int64_t g = 0; g < ng; ++g) {
@@ -67,10 +68,17 @@ void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
         }
       } else {
         const uint8_t* src = panel + g * gbytes + (b0 - g0) * 8;
+        const uint8_t* pl = panel + g * gbytes + (g1 - g0 + 7) / 8 * 64 + (b0 - g0) / 8 * PB;
         for (int t = 0; t < B / 8; ++t) {
-          const __m512i v = 8 * t < blen ? _mm512_loadu_si512(src + 64 * t) : _mm512_setzero_si512();
-          _mm512_storeu_si512(out + 128 * t, _mm512_and_si512(v, lo4));
-          _mm512_storeu_si512(out + 128 * t + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+          __m512i wl = _mm512_setzero_si512(), wh = _mm512_setzero_si512();
+          if (8 * t < blen) {
+            const __m512i v = _mm512_loadu_si512(src + 64 * t);
+            wl = _mm512_and_si512(v, lo4);
+            wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            if constexpr (BITS == 5 || BITS == 6) add_planes<BITS>(pl + PB * t, &wl, &wh);
+          }
+          _mm512_storeu_si512(out + 128 * t, wl);
+          _mm512_storeu_si512(out + 128 * t + 64, wh);
         }
       }
     }

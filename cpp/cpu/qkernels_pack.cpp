@@ -114,16 +114,31 @@ QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
 
 namespace {
 
-// Bytes of group g of one panel: whole 4-column (8-bit) or 8-column (4-bit) steps of 64 bytes.
-int64_t panel_group_bytes(const QuantMatrix& m, int64_t g) {
-  const int64_t len = std::min<int64_t>(m.group, m.cols - g * m.group);
-  const int64_t step = m.bits == 8 ? 4 : 8;
-  return (len + step - 1) / step * 64;
+// The value width the panels keep (m.bits of the packed matrix): the narrowest of 4, 5, 6 and 8
+// that holds every value. GGUF's 5- and 6-bit formats reach the packer as bytes (the canonical
+// form has only 4 and 8), so the width is read from the values, as the scale modes are.
+int32_t panel_bits(const QuantMatrix& m) {
+  if (m.bits == 4) return 4;
+  const uint8_t* q = static_cast<const uint8_t*>(m.data);
+  uint8_t any = 0;
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const uint8_t* row = q + r * m.ld;
+    for (int64_t c = 0; c < m.cols; ++c) any |= row[c];
+  }
+  return any < 16 ? 4 : any < 32 ? 5 : any < 64 ? 6 : 8;
 }
 
-int64_t panel_ld(const QuantMatrix& m) {
+// Bytes of group g of one panel at value width `bits`: whole 4-column (8-bit) or 8-column
+// (4/5/6-bit) steps of 64 bytes, plus 16 bytes per step and bit above 4.
+int64_t panel_group_bytes(const QuantMatrix& m, int32_t bits, int64_t g) {
+  const int64_t len = std::min<int64_t>(m.group, m.cols - g * m.group);
+  if (bits == 8) return (len + 3) / 4 * 64;
+  return (len + 7) / 8 * panel_step_bytes(bits);
+}
+
+int64_t panel_ld(const QuantMatrix& m, int32_t bits) {
   const int64_t ng = m.ngroups();
-  return (ng - 1) * panel_group_bytes(m, 0) + panel_group_bytes(m, ng - 1);
+  return (ng - 1) * panel_group_bytes(m, bits, 0) + panel_group_bytes(m, bits, ng - 1);
 }
 
 // Whether v is exactly an f16 value, from its bits (a round trip per scale was a measurable part
@@ -171,13 +186,13 @@ int panel_mode(const QuantMatrix& m) {
   return sub_scales(m) ? kScaleSub : half_scales(m) ? kScaleF16 : kScaleF32;
 }
 
-Offsets panel_offsets(const QuantMatrix& m, int mode) {
+Offsets panel_offsets(const QuantMatrix& m, int32_t bits, int mode) {
   const int64_t panels = (m.rows + 15) / 16;
   const size_t n = static_cast<size_t>(panels * m.ngroups() * 16);
   const size_t es = mode == kScaleF32 ? 4 : mode == kScaleF16 ? 2 : 1;
   int32_t zp;
   Offsets o;
-  size_t at = align64(static_cast<size_t>(panels * panel_ld(m)));
+  size_t at = align64(static_cast<size_t>(panels * panel_ld(m, bits)));
   o.scale = at;
   at = align64(at + n * es);
   o.zero = at;
@@ -197,32 +212,41 @@ Offsets panel_offsets(const QuantMatrix& m, int mode) {
   return o;
 }
 
-// Byte of (row r, column c) inside a panel-layout buffer, and whether it is the high nibble.
-size_t panel_pos(const QuantMatrix& m, int64_t r, int64_t c, int64_t ld, bool* high) {
-  const int64_t g = c / m.group, cg = c - g * m.group;
-  const int64_t base = (r / 16) * ld + g * panel_group_bytes(m, 0);
+// The value of (row r, stored column c) of a panel matrix, from its nibble (or byte) and bit planes.
+int panel_value(const QuantMatrix& w, int64_t r, int64_t c) {
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  const int64_t g = c / w.group, cg = c - g * w.group;
+  const uint8_t* base = data + (r / 16) * w.ld + g * panel_group_bytes(w, w.bits, 0);
   const int64_t lane = r % 16;
-  if (m.bits == 8) {
-    *high = false;
-    return static_cast<size_t>(base + (cg / 4) * 64 + lane * 4 + cg % 4);
+  if (w.bits == 8) return base[(cg / 4) * 64 + lane * 4 + cg % 4];
+  const int64_t j = cg % 8, t = cg / 8;
+  const uint8_t b = base[t * 64 + lane * 4 + j % 4];
+  int q = j >= 4 ? b >> 4 : b & 15;
+  if (w.bits > 4) {
+    const int64_t len = std::min<int64_t>(w.group, w.cols - g * w.group);
+    const uint8_t* planes = base + (len + 7) / 8 * 64 + t * panel_plane_bytes(w.bits);
+    const int64_t bit = lane * 4 + j % 4;  // of the step's low- or high-nibble word
+    for (int i = 0; i < w.bits - 4; ++i) {
+      const uint8_t* word = planes + 16 * i + (j >= 4 ? 8 : 0);
+      q |= ((word[bit / 8] >> (bit % 8)) & 1) << (4 + i);
+    }
   }
-  const int64_t j = cg % 8;
-  *high = j >= 4;
-  return static_cast<size_t>(base + (cg / 8) * 64 + lane * 4 + j % 4);
+  return q;
 }
 
 }  // namespace
 
 size_t cpu_quant_panel_bytes(const QuantMatrix& m) {
   check_quant_matrix(m);
-  return panel_offsets(m, panel_mode(m)).total;
+  return panel_offsets(m, panel_bits(m), panel_mode(m)).total;
 }
 
 QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   check_quant_matrix(m);
   const int mode = panel_mode(m);
+  const int32_t bits = panel_bits(m);
   const bool half = mode == kScaleF16, sub = mode == kScaleSub;
-  const Offsets o = panel_offsets(m, mode);
+  const Offsets o = panel_offsets(m, bits, mode);
   char* base = static_cast<char*>(dst);
   std::memset(base, 0, o.total);
   QuantMatrix p = m;
@@ -230,12 +254,14 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   p.fgroups = sub ? m.fgroups : 0;
   p.fscale = p.fmin = nullptr;
   p.iscale = p.imin = nullptr;
-  p.ld = panel_ld(m);
+  p.bits = bits;
+  p.ld = panel_ld(m, bits);
   uint8_t* out = reinterpret_cast<uint8_t*>(base);
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
-  const int64_t ng = m.ngroups(), gb0 = panel_group_bytes(m, 0);
-  // Walks panel_pos's layout a step (4 or 8 columns) at a time: this runs over every weight at
-  // load, and panel_pos's per-element divisions made it most of the start-up time.
+  const int64_t ng = m.ngroups(), gb0 = panel_group_bytes(m, bits, 0);
+  const int64_t pb = bits == 8 ? 0 : panel_plane_bytes(bits);
+  // Walks panel_value's layout a step (4 or 8 columns) at a time: this runs over every weight at
+  // load, and per-element divisions made it most of the start-up time.
   for (int64_t r = 0; r < m.rows; ++r) {
     const uint8_t* qr = q + r * m.ld;
     uint8_t* lane = out + (r / 16) * p.ld + (r % 16) * 4;
@@ -243,16 +269,29 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
       const int64_t c0 = g * m.group, len = std::min<int64_t>(m.group, m.cols - c0);
       const uint8_t* qg = qr + c0;
       uint8_t* dg = lane + g * gb0;
-      if (m.bits == 8) {
+      if (bits == 8) {
         for (int64_t c = 0; c < len; ++c) dg[(c >> 2) * 64 + (c & 3)] = qg[c];
       } else {
         int64_t c = 0;
         for (; c + 8 <= len; c += 8) {
           uint8_t* d = dg + (c >> 3) * 64;
-          for (int j = 0; j < 4; ++j) d[j] = static_cast<uint8_t>(qg[c + j] | (qg[c + 4 + j] << 4));
+          for (int j = 0; j < 4; ++j)
+            d[j] = static_cast<uint8_t>((qg[c + j] & 15) | ((qg[c + 4 + j] & 15) << 4));
         }
         for (; c < len; ++c)
-          dg[(c >> 3) * 64 + (c & 3)] |= static_cast<uint8_t>(qg[c] << ((c & 7) >= 4 ? 4 : 0));
+          dg[(c >> 3) * 64 + (c & 3)] |= static_cast<uint8_t>((qg[c] & 15) << ((c & 7) >= 4 ? 4 : 0));
+        if (bits > 4) {
+          // Bit 4 + i of lane l's column c of step t: bit 4l + c % 4 of plane i's low-nibble word
+          // (c % 8 < 4) or high-nibble word; the planes follow the group's nibble steps.
+          const int64_t lb = (r % 16) * 4;
+          uint8_t* planes = out + (r / 16) * p.ld + g * gb0 + (len + 7) / 8 * 64;
+          for (c = 0; c < len; ++c) {
+            const int64_t bit = lb + (c & 3);
+            uint8_t* word = planes + (c >> 3) * pb + ((c & 7) >= 4 ? 8 : 0);
+            for (int i = 0; i < bits - 4; ++i)
+              word[16 * i + bit / 8] |= static_cast<uint8_t>(((qg[c] >> (4 + i)) & 1) << (bit % 8));
+          }
+        }
       }
     }
   }
@@ -327,12 +366,9 @@ float panel_scale_at(const QuantMatrix& w, bool of_min, int64_t r, int64_t g) {
 }
 
 void panel_dequant_row(const QuantMatrix& w, int64_t r, float* out) {
-  const uint8_t* data = static_cast<const uint8_t*>(w.data);
   const int64_t ng = w.ngroups();
   for (int64_t c = 0; c < w.cols; ++c) {
-    bool high;
-    const uint8_t b = data[panel_pos(w, r, c, w.ld, &high)];
-    const int q = w.bits == 8 ? b : high ? b >> 4 : b & 15;
+    const int q = panel_value(w, r, c);
     const int64_t g = c / w.group;
     const size_t i = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
     const int z = w.zero ? w.zero[i] : w.zero_point;

@@ -48,6 +48,28 @@ FV_INLINE __m256 load_sub8(__m256 vf, const int8_t* s, int64_t i) {
 
 #include "cpu/qkernels_panel_prefetch.h"
 
+// Half h of a 5- or 6-bit step's bit planes (at pl, see qkernels.h) set into the unit's nibble
+// vectors: bits 32h .. 32h + 31 of each 64-bit word are the unit's 32 bytes. A byte mask from 32
+// bits: broadcast, each byte picks the word byte holding its bit (vpshufb), tests it (and, cmpeq).
+template <int BITS>
+FV_INLINE void add_planes8(const uint8_t* pl, int h, __m256i* wl, __m256i* wh) {
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                        2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const auto expand = [&](int off, int value) {
+    int32_t word;
+    std::memcpy(&word, pl + off + 4 * h, 4);
+    const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(word), pick), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(static_cast<char>(value)));
+  };
+  *wl = _mm256_or_si256(*wl, expand(0, 0x10));
+  *wh = _mm256_or_si256(*wh, expand(8, 0x10));
+  if constexpr (BITS == 6) {
+    *wl = _mm256_or_si256(*wl, expand(16, 0x20));
+    *wh = _mm256_or_si256(*wh, expand(24, 0x20));
+  }
+}
+
 // A tile is R activation rows x U units (pf0 .. pf1: the panels to prefetch, see
 // qkernels_panel_prefetch.h), a unit being 8 consecutive rows of W (half a panel): unit
 // u of the tile is half (u & 1) of panel p + u / 2. A 64-byte panel step is two 32-byte unit steps.
@@ -56,7 +78,8 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
                          int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
-  const int64_t gbytes = BITS == 8 ? G * 16 : G * 8;
+  const int64_t gbytes = G * 2 * BITS;  // a full group's bytes in a panel (see qkernels.h)
+  constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
   const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
   const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   __m256 facc[R][U];
@@ -98,15 +121,23 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
       const int64_t blen = min64(B, g1 - b0), bi = b0 / B;
       const int64_t boff = g * gbytes + (b0 - g0) * (BITS == 8 ? 16 : 8);
+      const int64_t poff = BITS == 5 || BITS == 6 ? g * gbytes + (g1 - g0 + 7) / 8 * 64 + (b0 - g0) / 8 * PB
+                                                  : 0;
       __m256i iacc[R][U];
-      if constexpr (BITS == 4) {
+      if constexpr (BITS != 8) {
         // u4 x s8 pairs are at most 2 * 15 * 127 = 3810, a step's two at most 7620, and a block has
         // at most 4 steps (32 columns): the int16 sums cannot overflow, so widen once per block.
+        // u5: a step's sum is at most 4 * 31 * 127 = 15748, so widen every 2 steps; u6: at most
+        // 4 * 63 * 127 = 32004 (each vpmaddubsw pair 16002: no saturation), so every step.
+        constexpr int kWiden = BITS == 4 ? 4 : BITS == 5 ? 2 : 1;
         __m256i acc16[R][U];
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-          for (int u = 0; u < U; ++u) acc16[r][u] = _mm256_setzero_si256();
+          for (int u = 0; u < U; ++u) {
+            acc16[r][u] = _mm256_setzero_si256();
+            if constexpr (BITS != 4) iacc[r][u] = _mm256_setzero_si256();
+          }
         const int steps = static_cast<int>((blen + 7) / 8);
         for (int t = 0; t < steps; ++t) {
           __m256i xl[R], xh[R];
@@ -119,18 +150,33 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
           for (int u = 0; u < U; ++u) {
             const __m256i wb = _mm256_loadu_si256(
                 reinterpret_cast<const __m256i*>(wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1)));
-            const __m256i wl = _mm256_and_si256(wb, lo4);
-            const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);
+            __m256i wl = _mm256_and_si256(wb, lo4);
+            __m256i wh = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);
+            if constexpr (BITS != 4)
+              add_planes8<BITS>(wbase + (p + u / 2) * w.ld + poff + PB * t, u & 1, &wl, &wh);
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r)
               acc16[r][u] = _mm256_add_epi16(acc16[r][u], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xl[r]),
                                                                            _mm256_maddubs_epi16(wh, xh[r])));
           }
+          if constexpr (BITS != 4) {
+            if ((t + 1) % kWiden == 0 || t + 1 == steps) {
+#pragma GCC unroll 4
+              for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+                for (int u = 0; u < U; ++u) {
+                  iacc[r][u] = _mm256_add_epi32(iacc[r][u], _mm256_madd_epi16(acc16[r][u], ones));
+                  acc16[r][u] = _mm256_setzero_si256();
+                }
+            }
+          }
         }
+        if constexpr (BITS == 4) {
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r)
+          for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_madd_epi16(acc16[r][u], ones);
+            for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_madd_epi16(acc16[r][u], ones);
+        }
       } else {
         // u8 weights as w - 128 in s8, multiplied by the sign trick (|w - 128| as u8 times x with
         // w - 128's sign): a pair is at most 2 * 128 * 127 = 32512, so vpmaddubsw never saturates.

@@ -1,5 +1,5 @@
 // cpu: the entry point every SIMD panel kernel file shares: linear_panel switches at run time on
-// bits (4 | 8), whether groups have a zero (HZ) and a min (HM), and how scales are kept (HS:
+// bits (4 | 5 | 6 | 8: the value width the panels keep), whether groups have a zero (HZ) and a min (HM), and how scales are kept (HS:
 // kScaleF32 / kScaleF16 / kScaleSub),
 // to the file's compile-time instantiation linear_panel_t<BITS, HZ, HM, HS>. No intrinsics here;
 // include it inside the anonymous namespace of the kernel file, after linear_panel_t.
@@ -20,11 +20,16 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
   const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
   using Fn = void (*)(const QuantizedRows&, const QuantMatrix&, const float*, float*, int64_t, int64_t,
                       int64_t, int64_t);
-  // [bits == 8][hz][hm]
-  static constexpr Fn kFns[2][2][2] = {
+  // [4, 5, 6, 8 bits][hz][hm]
+  static constexpr Fn kFns[4][2][2] = {
       {{panel_dispatch_hs<4, false, false>, panel_dispatch_hs<4, false, true>},
        {panel_dispatch_hs<4, true, false>, panel_dispatch_hs<4, true, true>}},
+      {{panel_dispatch_hs<5, false, false>, panel_dispatch_hs<5, false, true>},
+       {panel_dispatch_hs<5, true, false>, panel_dispatch_hs<5, true, true>}},
+      {{panel_dispatch_hs<6, false, false>, panel_dispatch_hs<6, false, true>},
+       {panel_dispatch_hs<6, true, false>, panel_dispatch_hs<6, true, true>}},
       {{panel_dispatch_hs<8, false, false>, panel_dispatch_hs<8, false, true>},
        {panel_dispatch_hs<8, true, false>, panel_dispatch_hs<8, true, true>}}};
-  kFns[w.bits == 8][hz][hm](x, w, bias, y, m, ldy, p0, p1);
+  const int bi = w.bits == 4 ? 0 : w.bits == 5 ? 1 : w.bits == 6 ? 2 : 3;
+  kFns[bi][hz][hm](x, w, bias, y, m, ldy, p0, p1);
 }

@@ -53,4 +53,21 @@ FP_INLINE void panel_group_scales(const QuantMatrix& w, int64_t p, int64_t g, __
   }
 }
 
+// A 5- or 6-bit step's bit planes (at pl, see qkernels.h) added into its nibble vectors: each
+// 64-bit word is the byte mask of one vector, and the nibbles are below 16, so adding 16 (32)
+// where a bit is set is setting bit 4 (5).
+template <int BITS>
+FP_INLINE void add_planes(const uint8_t* pl, __m512i* wl, __m512i* wh) {
+  uint64_t m[4];
+  std::memcpy(m, pl, 8 * 2 * (BITS - 4));
+  const __m512i b4 = _mm512_set1_epi8(0x10);
+  *wl = _mm512_mask_add_epi8(*wl, _cvtu64_mask64(m[0]), *wl, b4);
+  *wh = _mm512_mask_add_epi8(*wh, _cvtu64_mask64(m[1]), *wh, b4);
+  if constexpr (BITS == 6) {
+    const __m512i b5 = _mm512_set1_epi8(0x20);
+    *wl = _mm512_mask_add_epi8(*wl, _cvtu64_mask64(m[2]), *wl, b5);
+    *wh = _mm512_mask_add_epi8(*wh, _cvtu64_mask64(m[3]), *wh, b5);
+  }
+}
+
 #undef FP_INLINE

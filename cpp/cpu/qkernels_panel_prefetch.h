@@ -17,7 +17,7 @@ FPF_INLINE void panel_prefetch_bytes(const void* base, int64_t lo, int64_t hi) {
 template <int BITS, bool HZ, bool HM, int HS>
 FPF_INLINE void panel_prefetch_group(const QuantMatrix& w, int64_t q0, int64_t q1, int64_t g) {
   const int64_t ng = w.ngroups();
-  const int64_t gbytes = BITS == 8 ? w.group * 16 : w.group * 8;
+  const int64_t gbytes = w.group * 2 * BITS;  // a full group's values and bit planes
   constexpr int64_t sbytes = HS == kScaleF32 ? 4 : HS == kScaleF16 ? 2 : 1;
   if (q0 >= q1) return;
   // Sub-scale layout: the super-block factors are asked for at a super-block's first group.

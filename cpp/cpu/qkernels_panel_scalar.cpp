@@ -16,7 +16,8 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
                   int64_t ldy, int64_t p0, int64_t p1) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
-  const int64_t gbytes = w.bits == 8 ? G * 16 : G * 8;
+  const int64_t gbytes = G * 2 * w.bits;  // a full group's bytes in a panel (see qkernels.h)
+  const int planes = w.bits == 8 ? 0 : w.bits - 4;
   const uint8_t* data = static_cast<const uint8_t*>(w.data);
   const bool hz = w.zero != nullptr || w.zero_point != 0;
   for (int64_t p = p0; p < p1; ++p)
@@ -34,6 +35,8 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
           const float z = static_cast<float>(w.zero ? w.zero[gi] : w.zero_point);
           const float mn = w.min ? panel_scale_at(w, true, j, g) : 0.f;
           const int64_t g0 = g * G, g1 = std::min<int64_t>(g0 + G, k);
+          // This lane's part of group g's bit planes, after the group's nibble steps.
+          const uint8_t* gp = data + p * w.ld + g * gbytes + (g1 - g0 + 7) / 8 * 64;
           for (int64_t b0 = g0; b0 < g1; b0 += B) {
             const int64_t b1 = std::min<int64_t>(b0 + B, g1), bi = b0 / B;
             int32_t isum = 0;
@@ -44,7 +47,13 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
                 q = wl[g * gbytes + (cg >> 2) * 64 + (cg & 3)];
               } else {
                 const uint8_t byte = wl[g * gbytes + (cg >> 3) * 64 + (cg & 3)];
-                q = (cg & 7) >= 4 ? byte >> 4 : byte & 15;
+                const bool high = (cg & 7) >= 4;
+                q = high ? byte >> 4 : byte & 15;
+                const int bit = lane * 4 + static_cast<int>(cg & 3);
+                for (int i = 0; i < planes; ++i) {
+                  const uint8_t* word = gp + (cg >> 3) * panel_plane_bytes(w.bits) + 16 * i + (high ? 8 : 0);
+                  q |= ((word[bit >> 3] >> (bit & 7)) & 1) << (4 + i);
+                }
               }
               isum += q * xr[c];
             }

@@ -41,7 +41,8 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
                           int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
-  const int64_t gbytes = BITS == 8 ? G * 16 : G * 8;  // bytes of a full group in a panel
+  const int64_t gbytes = G * 2 * BITS;  // bytes of a full group in a panel (see qkernels.h)
+  constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
   __m512 facc[R][PC];
 #pragma GCC unroll 4
@@ -61,8 +62,10 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
       for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
         for (int c = 0; c < PC; ++c) iacc[r][c] = _mm512_setzero_si512();
-      // Byte offset of this block inside each panel's row of groups.
+      // Byte offset of this block inside each panel's row of groups, and of its bit planes.
       const int64_t boff = g * gbytes + (b0 - g0) * (BITS == 8 ? 16 : 8);
+      const int64_t poff = BITS == 5 || BITS == 6 ? g * gbytes + (g1 - g0 + 7) / 8 * 64 + (b0 - g0) / 8 * PB
+                                                  : 0;
       if constexpr (BITS == 8) {
         const int steps = static_cast<int>((blen + 3) / 4);
         for (int t = 0; t < steps; ++t) {
@@ -88,10 +91,11 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
           }
 #pragma GCC unroll 4
           for (int c = 0; c < PC; ++c) {
-            const __m512i wb = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld +
-                                                  boff + 64 * t);
-            const __m512i wl = _mm512_and_si512(wb, lo4);
-            const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);
+            const uint8_t* wp = static_cast<const uint8_t*>(w.data) + (p + c) * w.ld;
+            const __m512i wb = _mm512_loadu_si512(wp + boff + 64 * t);
+            __m512i wl = _mm512_and_si512(wb, lo4);
+            __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);
+            if constexpr (BITS == 5 || BITS == 6) add_planes<BITS>(wp + poff + PB * t, &wl, &wh);
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
               iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wl, xl[r]);

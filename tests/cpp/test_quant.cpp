@@ -33,6 +33,10 @@ struct Spec {
   int bits;
   int group;  // 0: per channel
   bool zero, min, perm;
+  // Values below 2^width when narrower than bits (GGUF Q5_x / Q6_K reach the packer as bytes < 32
+  // or < 64); 0: the full bits.
+  int width = 0;
+  int value_bits() const { return width ? width : bits; }
 };
 
 // A random canonical matrix: q uniform, per-group zero / min when asked.
@@ -44,7 +48,7 @@ QuantTensor random_quant(int64_t rows, int64_t cols, const Spec& s, uint32_t see
   t.rows = rows;
   t.cols = cols;
   const int64_t ng = (cols + t.group - 1) / t.group;
-  const int qmax = (1 << s.bits) - 1;
+  const int qmax = (1 << s.value_bits()) - 1;
   std::uniform_int_distribution<int> qd(0, qmax);
   std::uniform_real_distribution<float> sd(0.001f, 0.05f), md(-0.5f, 0.5f);
   t.q.resize(rows * cols);
@@ -55,7 +59,7 @@ QuantTensor random_quant(int64_t rows, int64_t cols, const Spec& s, uint32_t see
     t.zero.resize(rows * ng);
     for (auto& v : t.zero) v = static_cast<uint8_t>(qd(g));
   } else {
-    t.zero_point = 1 << (s.bits - 1);
+    t.zero_point = 1 << (s.value_bits() - 1);
   }
   if (s.min) {
     t.min.resize(rows * ng);
@@ -83,9 +87,24 @@ Packed pack(const QuantTensor& t) {
 }
 
 const Spec kSpecs[] = {
-    {4, 32, false, false, false}, {4, 32, false, true, false},  {4, 32, true, false, true},
-    {4, 128, true, false, false}, {8, 32, false, false, false}, {8, 16, false, true, true},
-    {8, 0, false, false, false},  {8, 64, true, true, false},   {4, 0, true, false, false},
+    {4, 32, false, false, false},
+    {4, 32, false, true, false},
+    {4, 32, true, false, true},
+    {4, 128, true, false, false},
+    {8, 32, false, false, false},
+    {8, 16, false, true, true},
+    {8, 0, false, false, false},
+    {8, 64, true, true, false},
+    {4, 0, true, false, false},
+    // Byte values the panels keep narrower: 5-bit (Q5_0, Q5_1 / Q5_K), 6-bit (Q6_K), 4-bit.
+    {8, 32, false, false, false, 5},
+    {8, 32, false, true, false, 5},
+    {8, 64, true, true, true, 5},
+    {8, 0, false, false, false, 5},
+    {8, 16, false, false, false, 6},
+    {8, 32, true, true, false, 6},
+    {8, 0, true, false, false, 6},
+    {8, 32, false, true, false, 4},
 };
 
 class QuantKernels : public ::testing::TestWithParam<Isa> {};
@@ -332,6 +351,29 @@ TEST(QuantPanel, HalfScalesKeepTheFileSize) {
   EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 576 / 32 * 20);
 }
 
+TEST(QuantPanel, NarrowValuesKeepTheirWidth) {
+  // Q5_0-like: byte values < 32, group 32, f16 scale: 16 nibble bytes, 4 bit-plane bytes and the
+  // 2-byte scale per 32 weights, GGUF's 22.
+  QuantTensor t = random_quant(64, 576, {8, 32, false, false, false, 5}, 41);
+  round_scales_to_half(&t);
+  EXPECT_EQ(pack_panel(t).w.bits, 5);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 576 / 32 * 22);
+  // Q6_K-like: values < 64, group 16, factored scales: 0.75 bytes per value, an int8 sub-scale
+  // per 16 and an f16 factor per super-block of 8 groups.
+  t = random_quant(64, 512, {8, 16, false, false, false, 6}, 43);
+  factor_scales(&t, 44);
+  EXPECT_EQ(pack_panel(t).w.bits, 6);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 512 * 3 / 4 + 64 * 32 + 64 * 4 * 2);
+  // One value of 32 (or 64) is enough to need the wider form.
+  t = random_quant(16, 64, {8, 32, false, false, false, 5}, 45);
+  t.q[17] = 32;
+  EXPECT_EQ(pack_panel(t).w.bits, 6);
+  t.q[17] = 64;
+  EXPECT_EQ(pack_panel(t).w.bits, 8);
+  t = random_quant(16, 64, {8, 32, false, false, false, 4}, 46);
+  EXPECT_EQ(pack_panel(t).w.bits, 4);
+}
+
 TEST(QuantPanel, HalfLayoutOnlyWhenEveryScaleIsAnF16Value) {
   // The packer decides from the scale's bits; each value is set as the first scale of a matrix
   // whose other scales are ordinary f16 values, and the layout must follow the f16 round trip.
@@ -389,9 +431,9 @@ TEST_P(PanelKernels, QuantizerIsBitEqualToTheReference) {
 
 // Weights at the ends of their range (every u4 / u8 value 0 and 15 / 255) against activations at
 // +-127 are where an int16 pair sum would saturate if the kernel's bound reasoning were wrong.
-void extreme_weights(QuantTensor* t, uint32_t seed) {
+void extreme_weights(QuantTensor* t, const Spec& s, uint32_t seed) {
   std::mt19937 g(seed);
-  const uint8_t top = static_cast<uint8_t>((1 << t->bits) - 1);
+  const uint8_t top = static_cast<uint8_t>((1 << s.value_bits()) - 1);
   for (auto& v : t->q) v = (g() & 1) ? top : 0;
 }
 
@@ -421,7 +463,7 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
             const int64_t n = 53;
             QuantTensor t = random_quant(n, k, s, seed++);
             set_scale_mode(&t, mode, seed++);
-            if (extreme) extreme_weights(&t, seed++);
+            if (extreme) extreme_weights(&t, s, seed++);
             const Packed p = pack_panel(t);
             std::vector<float> x = randn(m * k, seed++);
             if (extreme)
@@ -429,8 +471,8 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
             const std::vector<float> bias = randn(n, seed++);
             const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
             std::ostringstream what;
-            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " group " << s.group << " scale mode "
-                 << mode << " extreme " << extreme << " m " << m << " k " << k;
+            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " width " << s.width << " group "
+                 << s.group << " scale mode " << mode << " extreme " << extreme << " m " << m << " k " << k;
             for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
               expect_panel_equal(fn, ref, xq, p, b, m, n, what.str());
           }
@@ -533,8 +575,8 @@ TEST(QuantPanel, AmxInt8EqualsThePortableKernelBitForBit) {
           const std::vector<float> bias = randn(n, seed++);
           const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
           std::ostringstream what;
-          what << "bits " << s.bits << " group " << s.group << " scale mode " << mode << " m " << m << " k "
-               << k;
+          what << "bits " << s.bits << " width " << s.width << " group " << s.group << " scale mode " << mode
+               << " m " << m << " k " << k;
           for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
             expect_panel_equal(amx, ref, xq, p, b, m, n, what.str());
         }
@@ -982,9 +1024,9 @@ TEST(QuantPanel, InexactFactorsKeepF32Scales) {
 // against the file's bytes for the same tensor. The layout's values, scales, mins and zeros, with
 // up to 63 bytes of alignment after each of its (at most six) regions; rows and columns here are
 // whole panels and blocks, so there is no other padding. The K-quants' sub-scales and sub-mins
-// take a byte each where the file packs them in 6 (Q4_K, Q5_K) or 4 (Q2_K) bits; the types whose
-// values are not 4 or 8 bits wide still take a byte (5-bit, 6-bit, IQ4 indices) or a nibble
-// (2-bit, 3-bit) per value.
+// take a byte each where the file packs them in 6 (Q4_K, Q5_K) or 4 (Q2_K) bits; 5- and 6-bit
+// values are nibbles plus bit planes, at the file's width; IQ4 indices still take a byte and 2-
+// and 3-bit values a nibble.
 TEST(QuantPanel, ResidentBytesPerWeight) {
   struct Want {
     int type;
@@ -992,10 +1034,10 @@ TEST(QuantPanel, ResidentBytesPerWeight) {
   };
   const Want types[] = {
       {model::kGgmlQ4_0, 18. / 32, 18. / 32},     {model::kGgmlQ4_1, 20. / 32, 20. / 32},
-      {model::kGgmlQ8_0, 34. / 32, 34. / 32},     {model::kGgmlQ5_0, 22. / 32, 34. / 32},
-      {model::kGgmlQ5_1, 24. / 32, 36. / 32},     {model::kGgmlIQ4_NL, 18. / 32, 34. / 32},
-      {model::kGgmlQ4_K, 144. / 256, 148. / 256}, {model::kGgmlQ5_K, 176. / 256, 276. / 256},
-      {model::kGgmlQ6_K, 210. / 256, 274. / 256}, {model::kGgmlQ2_K, 84. / 256, 164. / 256},
+      {model::kGgmlQ8_0, 34. / 32, 34. / 32},     {model::kGgmlQ5_0, 22. / 32, 22. / 32},
+      {model::kGgmlQ5_1, 24. / 32, 24. / 32},     {model::kGgmlIQ4_NL, 18. / 32, 34. / 32},
+      {model::kGgmlQ4_K, 144. / 256, 148. / 256}, {model::kGgmlQ5_K, 176. / 256, 180. / 256},
+      {model::kGgmlQ6_K, 210. / 256, 210. / 256}, {model::kGgmlQ2_K, 84. / 256, 164. / 256},
       {model::kGgmlQ3_K, 110. / 256, 146. / 256}, {model::kGgmlIQ4_XS, 136. / 256, 266. / 256},
   };
   const int64_t n = 64, k = 1024;

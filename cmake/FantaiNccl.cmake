@@ -60,7 +60,7 @@ endif()
 if(FANTAI_WITH_NCCL)
   get_filename_component(_fantai_nccl_libdir "${FANTAI_NCCL_LIBRARY}" DIRECTORY)
   target_link_libraries(engine PRIVATE "${FANTAI_NCCL_LIBRARY}")
-  set_source_files_properties(cuda/nccl_communicator.cu PROPERTIES
+  set_source_files_properties(cuda/cuda_backend_nccl.cu PROPERTIES
     INCLUDE_DIRECTORIES "${FANTAI_NCCL_INCLUDE_DIR}" COMPILE_DEFINITIONS "FANTAI_WITH_NCCL")
   set_source_files_properties(cpp/backend/registry.cpp PROPERTIES COMPILE_DEFINITIONS "FANTAI_WITH_NCCL")
   # The wheel's lib folder is on no loader path: libengine (in the build tree and installed)

@@ -13,7 +13,7 @@ namespace fantai {
 std::string mpi_unavailable_reason();
 // Empty when this build can join CUDA devices of several ranks (the CUDA backend and NCCL were
 // both found); otherwise why not. The collectives then run over NCCL and MPI still starts the
-// ranks and carries the step's host data (cuda/nccl_communicator.h).
+// ranks and carries the step's host data (cuda/cuda_backend.h).
 std::string nccl_unavailable_reason();
 
 // This process's rank in the MPI world mpirun started (0 when it was not started by mpirun).

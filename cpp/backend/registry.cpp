@@ -9,7 +9,6 @@
 #include "cpu/cpu_backend.h"
 #ifdef FANTAI_WITH_CUDA
 #include "cuda/cuda_backend.h"
-#include "cuda/nccl_communicator.h"
 #endif
 
 namespace fantai {

@@ -17,7 +17,6 @@
 #include "common/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/kernels.h"
-#include "cuda/nccl_communicator.h"
 
 namespace fantai {
 namespace {

@@ -28,8 +28,9 @@ ALLOWED = {
 # The backend registry is the dispatch point that constructs the backends.
 REGISTRY = {"cpp/backend/registry.cpp": {"cpu/cpu_backend.h", "cuda/cuda_backend.h"}}
 # Files of cpu/ and cuda/ that are the backend class: cpu_backend*.{h,cpp} (the class and its rooms
-# by op) and cuda_backend.*. The rest are kernels: no backend/ includes, no backend class header.
-BACKEND_CLASS_FILE = re.compile(r"^(cpp/cpu/cpu_backend[a-z_]*|cuda/cuda_backend)\.(h|cpp|cu)$")
+# by op) and cuda_backend*.{h,cu} (the class and its NCCL communicator). The rest are kernels: no
+# backend/ includes, no backend class header.
+BACKEND_CLASS_FILE = re.compile(r"^(cpp/cpu/cpu_backend[a-z_]*|cuda/cuda_backend[a-z_]*)\.(h|cpp|cu)$")
 BACKEND_CLASS_HEADERS = {
     "backend/backend.h",
     "backend/buffer.h",

@@ -1,6 +1,6 @@
-// cuda: the NCCL communicator of GPU ranks (see nccl_communicator.h). Compiled in every CUDA
+// cuda: the NCCL communicator of GPU ranks (declared in cuda_backend.h). Compiled in every CUDA
 // build; its body only when CMake found NCCL, so nothing else in the engine sees nccl.h.
-#include "cuda/nccl_communicator.h"
+#include "cuda/cuda_backend.h"
 
 #ifdef FANTAI_WITH_NCCL
 #include <nccl.h>

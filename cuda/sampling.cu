@@ -68,9 +68,10 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out, 
 // ---- top-k / top-p ------------------------------------------------------------------------------
 constexpr int kSampleThreads = 1024;
 
-// Order-preserving map of a float to an unsigned key (larger float, larger key).
+// Order-preserving map of a float to an unsigned key (larger float, larger key). -0 maps to +0's
+// key: the CPU sampler sees them as a tie, broken by id.
 __device__ __forceinline__ uint32_t key_of(float f) {
-  const uint32_t u = __float_as_uint(f);
+  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 

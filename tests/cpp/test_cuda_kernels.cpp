@@ -635,7 +635,9 @@ TEST(CudaBackend, DeviceSamplerMatchesTheHostSampler) {
     } else {
       exact_plain += tok[r] == want[r].token, ++plain_rows;
     }
-    if (tok[r] == want[r].token) EXPECT_NEAR(lp[r], want[r].logprob, 2e-3f);
+    if (tok[r] == want[r].token) {
+      EXPECT_NEAR(lp[r], want[r].logprob, 2e-3f);
+    }
   }
   EXPECT_GE(exact_plain, plain_rows * 99 / 100) << exact_plain << " of " << plain_rows << " (top_p = 1)";
   EXPECT_GE(exact_cut, cut_rows * 95 / 100) << exact_cut << " of " << cut_rows << " (top_p < 1)";

@@ -352,9 +352,10 @@ float device_uniform(double u) {
 }
 
 bool plain_row(const SamplingParams& p, bool has_bans) {
+  // min_p never drops the argmax, and greedy is the argmax, so it matters to sampled rows only.
   return p.logprobs < 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.min_p <= 0.0f && !p.constrained &&
-         !has_bans && std::isfinite(p.temperature);
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && (p.min_p <= 0.0f || p.greedy()) &&
+         !p.constrained && !has_bans && std::isfinite(p.temperature);
 }
 
 void sample(float* logits, int32_t vocab, const std::vector<SampleRow>& rows,

@@ -45,8 +45,8 @@ float device_uniform(double u);
 
 // Whether a row's token depends only on its raw logits, temperature, top_k, top_p and (when not
 // greedy) the one draw_uniform: no logprobs, penalties, logit_bias, bans (has_bans: min_tokens
-// masks EOS / stop ids this step), min_p or grammar mask. Only such rows may be sampled on a
-// device (Backend::sample_top_k_top_p); any other row needs the host logits.
+// masks EOS / stop ids this step), min_p (on a sampled row) or grammar mask. Only such rows may
+// be sampled on a device (Backend::sample_top_k_top_p); any other row needs the host logits.
 bool plain_row(const SamplingParams& p, bool has_bans);
 
 }  // namespace fantai::sampling

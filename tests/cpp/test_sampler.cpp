@@ -720,6 +720,9 @@ TEST(SamplerDeviceContract, PlainRowAcceptsOnlyTemperatureTopKTopPAndSeed) {
   rejects([](SamplingParams& q) { q.presence_penalty = 0.5f; }, "presence_penalty");
   rejects([](SamplingParams& q) { q.frequency_penalty = -0.5f; }, "frequency_penalty");
   rejects([](SamplingParams& q) { q.min_p = 0.1f; }, "min_p");
+  SamplingParams greedy_min_p;
+  greedy_min_p.temperature = 0.0f, greedy_min_p.min_p = 0.3f;
+  EXPECT_TRUE(plain_row(greedy_min_p, false)) << "min_p cannot change a greedy row's argmax";
   rejects([](SamplingParams& q) { q.constrained = true; }, "grammar");
   rejects([](SamplingParams& q) { q.temperature = std::numeric_limits<float>::infinity(); }, "temperature");
 }

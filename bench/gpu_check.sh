@@ -82,6 +82,14 @@ note "nccl: $("$VENV/bin/python" -c "import fantai._C as c; print(c.nccl_unavail
 note "cublas: $(grep -hoE "fantai: cuBLASLt[^(]*" "$OUT/build.log" "$OUT/build_no_tests.log" 2>/dev/null | tail -1)"
 
 # ---- tests -------------------------------------------------------------------------------------
+# The device top-k / top-p sampler against the CPU sampler on the same logits and uniforms, first
+# and on its own so its verdict stands out (test_cuda_kernels below runs it again among the rest).
+if [[ -x "$OUT/wheel/tests/cpp/test_cuda_kernels" ]]; then
+  step test_device_sampler 60 "$OUT/wheel/tests/cpp/test_cuda_kernels" \
+    --gtest_filter='CudaBackend.DeviceSampler*:CudaKernels.TopKTopP*'
+else
+  note "test_device_sampler: test_cuda_kernels not built"
+fi
 for t in test_cuda_kernels test_nccl; do
   if [[ -x "$OUT/wheel/tests/cpp/$t" ]]; then
     step "$t" 120 "$OUT/wheel/tests/cpp/$t"
@@ -112,7 +120,7 @@ FANTAI_CUDA_GEMM=own step bench_cuda_e2e_own_gemm 180 "$VENV/bin/python" bench/b
   echo
   echo "==== gpu_check summary ($(( $(date +%s) - START ))s) ===="
   grep -hE "^\[ +(PASSED|FAILED|SKIPPED) +\]|^[0-9]+ (passed|failed)|passed|failed" \
-    "$OUT/test_cuda_kernels.log" "$OUT/test_nccl.log" "$OUT/test_cuda_py.log" "$OUT/test_tp_nccl_py.log" 2>/dev/null | grep -vE "^\s*$" | tail -n 20 || true
+    "$OUT/test_device_sampler.log" "$OUT/test_cuda_kernels.log" "$OUT/test_nccl.log" "$OUT/test_cuda_py.log" "$OUT/test_tp_nccl_py.log" 2>/dev/null | grep -vE "^\s*$" | tail -n 20 || true
   grep -hE "^[a-z0-9_]+: " "$OUT/bench_cuda.log" "$OUT/bench_cuda_e2e.log" 2>/dev/null || true
   echo "-- with FANTAI_CUDA_GEMM=own:"
   grep -hE "^[a-z0-9_]+: " "$OUT/bench_cuda_e2e_own_gemm.log" 2>/dev/null || true

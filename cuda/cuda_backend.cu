@@ -3,6 +3,8 @@
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -240,6 +242,45 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  bool sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, const float* temperature,
+                          const int32_t* top_k, const float* top_p, const float* uniform, int32_t* tokens,
+                          float* logprobs) override {
+    bind();
+    if (rows == 0) return true;
+    for (int64_t r = 0; r < rows; ++r) {
+      FANTAI_REQUIRE(temperature[r] > 0.f && std::isfinite(temperature[r]),
+                     "sample: row " << r << ": temperature must be > 0, got " << temperature[r]);
+      FANTAI_REQUIRE(top_p[r] > 0.f && top_p[r] <= 1.f, "sample: row " << r << ": top_p must be in (0, 1]");
+      FANTAI_REQUIRE(uniform[r] >= 0.f && uniform[r] < 1.f,
+                     "sample: row " << r << ": uniform must be in [0, 1)");
+    }
+    // One upload of the four parameter arrays, behind the two result arrays.
+    const size_t n = static_cast<size_t>(rows);
+    const size_t bytes = 6 * n * 4;
+    if (bytes > sample_bytes_) {
+      if (sample_buf_) free(sample_buf_);
+      sample_bytes_ = std::max(bytes, 2 * sample_bytes_);
+      sample_buf_ = alloc(sample_bytes_);
+    }
+    sample_params_.resize(4 * n);
+    std::memcpy(sample_params_.data(), temperature, n * 4);
+    std::memcpy(sample_params_.data() + n, top_k, n * 4);
+    std::memcpy(sample_params_.data() + 2 * n, top_p, n * 4);
+    std::memcpy(sample_params_.data() + 3 * n, uniform, n * 4);
+    int32_t* d_tokens = static_cast<int32_t*>(sample_buf_);
+    float* d_logprobs = reinterpret_cast<float*>(d_tokens + n);
+    uint32_t* d_params = reinterpret_cast<uint32_t*>(d_logprobs + n);
+    upload(d_params, sample_params_.data(), 4 * n * 4);
+    cuda::sample_top_k_top_p_rows(
+        logits, rows, vocab, reinterpret_cast<const float*>(d_params),
+        reinterpret_cast<const int32_t*>(d_params + n), reinterpret_cast<const float*>(d_params + 2 * n),
+        reinterpret_cast<const float*>(d_params + 3 * n), d_tokens, d_logprobs, stream_);
+    FANTAI_CUDA_CHECK(
+        cudaMemcpyAsync(tokens, d_tokens, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    download(logprobs, d_logprobs, n * sizeof(float));  // synchronizes
+    return true;
+  }
+
  private:
   // The runtime's current device is per thread, and the engine loop runs ops on its own thread:
   // every entry point makes ours current (a cheap query when it already is).
@@ -267,6 +308,7 @@ class CudaBackend final : public Backend {
   size_t workspace_bytes_ = 0;
   void* sample_buf_ = nullptr;  // greedy tokens + logprobs of one step
   size_t sample_bytes_ = 0;
+  std::vector<uint32_t> sample_params_;  // host side of the device sampler's parameter upload
   // moe_experts: the grouped slots and the gathered rows on the device (grown, never shrunk), and
   // the host copies of the chosen experts and of their grouping.
   void* moe_buf_ = nullptr;

@@ -63,12 +63,20 @@ void argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out, cuda
 void greedy(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, float* logprobs,
             cudaStream_t stream);
 // Top-k / top-p draw, one per row, with the caller's uniform[r] in [0, 1): softmax(logits / T);
-// keep the tokens >= the k-th largest logit (top_k <= 0: all; ties at the cut kept); then the
-// tokens >= the highest cut whose kept probability mass still reaches top_p of the top-k mass;
+// keep the top_k first tokens of the order (larger logit first, ties by lower id, as the CPU
+// sampler ranks; top_k <= 0: all); then the shortest prefix of that order whose probability mass
+// reaches top_p of the top-k mass (the mass is a float sum, not the CPU sampler's integer one, so
+// the token at that boundary can differ from the CPU's);
 // out[r] = the first kept token in index order whose cumulative kept mass exceeds uniform[r]
 // times the total kept mass. Same temperature, top_k and top_p for every row of the call.
 void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k,
                         float top_p, const float* uniform, int32_t* out, cudaStream_t stream);
+// The same rule with each row's own temperature (> 0), top_k and top_p (device arrays, checked by
+// the caller), plus logprobs[r] = the token's log-softmax under the raw logits and out[r] = -1
+// for a row holding NaN or +inf or only -inf (Backend::sample_top_k_top_p).
+void sample_top_k_top_p_rows(const float* logits, int64_t rows, int64_t vocab, const float* temperature,
+                             const int32_t* top_k, const float* top_p, const float* uniform, int32_t* out,
+                             float* logprobs, cudaStream_t stream);
 
 // quant.cu: weight-only INT4 / INT8 group-quantized weights (Backend::pack_quant and friends).
 // pack_quant validates and uploads a canonical host matrix into dst (quant_packed_bytes bytes of

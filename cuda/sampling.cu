@@ -1,6 +1,7 @@
-// cuda: sampling on the device. Greedy (argmax + its log-softmax) is what the engine uses for
-// plain-greedy steps; top-k / top-p with a caller-given uniform draw is here with its test, not yet
-// wired (the CPU sampler's penalties, bias, min_p and integer top-p mass are not mirrored).
+// cuda: sampling on the device. Greedy (argmax + its log-softmax) serves plain-greedy steps;
+// top-k / top-p with a caller-given uniform serves steps whose every row is plain sampling
+// (sampling::plain_row). The CPU sampler's penalties, bias, bans, min_p and grammar masks are not
+// mirrored: such steps sample on the host.
 #include <climits>
 #include <cmath>
 
@@ -67,9 +68,10 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out, 
 // ---- top-k / top-p ------------------------------------------------------------------------------
 constexpr int kSampleThreads = 1024;
 
-// Order-preserving map of a float to an unsigned key (larger float, larger key).
+// Order-preserving map of a float to an unsigned key (larger float, larger key). -0 maps to +0's
+// key: the CPU sampler sees them as a tie, broken by id.
 __device__ __forceinline__ uint32_t key_of(float f) {
-  const uint32_t u = __float_as_uint(f);
+  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
@@ -95,25 +97,51 @@ __device__ int block_count(int v, int* scratch) {
   return total;
 }
 
-// One block per row. Keeps the tokens whose logit is >= the k-th largest (ties at the cut kept),
-// then, among those, the ones >= the largest cut whose kept mass still reaches top_p; draws the
+// Per-row parameters: each pointer, when set, overrides the scalar for its row.
+struct SampleArgs {
+  const float* temperature = nullptr;
+  const int32_t* top_k = nullptr;
+  const float* top_p = nullptr;
+  float temperature0 = 1.f;
+  int32_t top_k0 = 0;
+  float top_p0 = 1.f;
+};
+
+// One block per row. Keeps the top_k tokens of the order (larger logit first, ties by lower id),
+// then the shortest prefix of those whose mass reaches top_p of theirs; draws the
 // first kept token (index order) whose cumulative probability exceeds u. Every sum runs in a fixed
-// order. Each threshold is a bisection over the 32-bit keys: 32 passes over the row, no sort.
+// order. Each cut is a bisection over the 32-bit keys, then over the ids of the tokens tied at
+// it: at most 32 + 31 passes over the row each, no sort. logprobs != nullptr adds the token's
+// raw log-softmax and turns a row with NaN, +inf or only -inf into token -1.
 __global__ void __launch_bounds__(kSampleThreads)
-    top_k_top_p_kernel(const float* logits, int64_t vocab, float inv_temp, int top_k, float top_p,
-                       const float* uniform, int32_t* out) {
+    top_k_top_p_kernel(const float* logits, int64_t vocab, SampleArgs args, const float* uniform,
+                       int32_t* out, float* logprobs) {
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
   __shared__ float wsum[32];
   __shared__ int found;
   const float* l = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const int tid = threadIdx.x;
+  const float inv_temp = 1.f / (args.temperature ? args.temperature[blockIdx.x] : args.temperature0);
+  const int top_k = args.top_k ? args.top_k[blockIdx.x] : args.top_k0;
+  const float top_p = args.top_p ? args.top_p[blockIdx.x] : args.top_p0;
   float mx = -INFINITY;
-  for (int64_t i = tid; i < vocab; i += blockDim.x) mx = fmaxf(mx, l[i]);  // fmaxf drops NaN
+  bool bad = false;
+  for (int64_t i = tid; i < vocab; i += blockDim.x) {
+    mx = fmaxf(mx, l[i]);  // fmaxf drops NaN
+    bad |= l[i] != l[i] || l[i] == INFINITY;
+  }
   mx = block_max(mx, fscratch);
+  const bool bad_row = __syncthreads_or(bad) || mx == -INFINITY;
   auto weight = [&](float v) { return v == v ? __expf((v - mx) * inv_temp) : 0.f; };
 
-  uint32_t cut = 0;  // keep key >= cut
+  uint32_t cut = 0;  // keep key > cut, and key == cut up to index tie_end
+  int tie_end = INT_MAX;
+  auto keep = [&](int64_t i, float v) {
+    if (v != v) return false;
+    const uint32_t k = key_of(v);
+    return k > cut || (k == cut && i <= tie_end);
+  };
   if (top_k > 0 && top_k < vocab) {
     uint32_t lo = 0, hi = 0xffffffffu;  // largest key with count(key >= it) >= top_k
     while (lo < hi) {
@@ -124,10 +152,31 @@ __global__ void __launch_bounds__(kSampleThreads)
       else hi = mid - 1;
     }
     cut = lo;
+    // Tokens tied at the cut: the host sampler keeps only the lowest ids among them, exactly k in all.
+    int above = 0, at = 0;
+    for (int64_t i = tid; i < vocab; i += blockDim.x) {
+      if (l[i] != l[i]) continue;
+      above += key_of(l[i]) > cut;
+      at += key_of(l[i]) == cut;
+    }
+    above = block_count(above, iscratch);
+    at = block_count(at, iscratch);
+    if (above + at > top_k) {
+      const int need = top_k - above;              // >= 1
+      int a = 0, b = static_cast<int>(vocab) - 1;  // smallest id with `need` tied tokens at or before it
+      while (a < b) {
+        const int mid = a + (b - a) / 2;
+        int c = 0;
+        for (int64_t i = tid; i <= mid; i += blockDim.x) c += l[i] == l[i] && key_of(l[i]) == cut;
+        if (block_count(c, iscratch) >= need) b = mid;
+        else a = mid + 1;
+      }
+      tie_end = a;
+    }
   }
   if (top_p < 1.f) {
     float kept = 0.f;
-    for (int64_t i = tid; i < vocab; i += blockDim.x) kept += key_of(l[i]) >= cut ? weight(l[i]) : 0.f;
+    for (int64_t i = tid; i < vocab; i += blockDim.x) kept += keep(i, l[i]) ? weight(l[i]) : 0.f;
     const float want = top_p * block_sum(kept, fscratch);
     uint32_t lo = cut, hi = 0xffffffffu;  // largest cut whose kept mass reaches want
     while (lo < hi) {
@@ -137,12 +186,29 @@ __global__ void __launch_bounds__(kSampleThreads)
       if (block_sum(m, fscratch) >= want) lo = mid;
       else hi = mid - 1;
     }
-    cut = lo;
+    if (lo != cut) cut = lo, tie_end = INT_MAX;
+    // The host sampler's prefix may end inside the tie at the cut: keep its lowest ids only, as
+    // many as the mass needs.
+    float above = 0.f;
+    for (int64_t i = tid; i < vocab; i += blockDim.x) above += key_of(l[i]) > cut ? weight(l[i]) : 0.f;
+    above = block_sum(above, fscratch);
+    if (above < want) {
+      int a = 0, b = static_cast<int>(min(static_cast<int64_t>(tie_end), vocab - 1));
+      while (a < b) {
+        const int mid = a + (b - a) / 2;
+        float m = 0.f;
+        for (int64_t i = tid; i <= mid; i += blockDim.x)
+          m += keep(i, l[i]) && key_of(l[i]) == cut ? weight(l[i]) : 0.f;
+        if (above + block_sum(m, fscratch) >= want) b = mid;
+        else a = mid + 1;
+      }
+      tie_end = a;
+    }
   }
   float z = 0.f;
   int last = -1;
   for (int64_t i = tid; i < vocab; i += blockDim.x) {
-    if (l[i] == l[i] && key_of(l[i]) >= cut) z += weight(l[i]), last = static_cast<int>(i);
+    if (keep(i, l[i])) z += weight(l[i]), last = static_cast<int>(i);
   }
   const float target = uniform[blockIdx.x] * block_sum(z, fscratch);
   for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
@@ -157,8 +223,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   float carry = 0.f;
   for (int64_t c0 = 0; c0 < vocab; c0 += blockDim.x) {
     const int64_t i = c0 + tid;
-    const bool keep = i < vocab && l[i] == l[i] && key_of(l[i]) >= cut;
-    float v = keep ? weight(l[i]) : 0.f;
+    const bool kept_i = i < vocab && keep(i, l[i]);
+    float v = kept_i ? weight(l[i]) : 0.f;
     for (int o = 1; o < 32; o <<= 1) {
       const float up = __shfl_up_sync(0xffffffffu, v, o);
       if (lane >= o) v += up;
@@ -176,12 +242,24 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     __syncthreads();
     const float prefix = carry + v + (warp > 0 ? wsum[warp - 1] : 0.f);
-    if (keep && prefix > target) atomicMin(&found, static_cast<int>(i));
+    if (kept_i && prefix > target) atomicMin(&found, static_cast<int>(i));
     carry += wsum[(blockDim.x >> 5) - 1];
     __syncthreads();
     if (found != INT_MAX) break;
   }
-  if (tid == 0) out[blockIdx.x] = found != INT_MAX ? found : (last_kept >= 0 ? last_kept : 0);
+  const int token = found != INT_MAX ? found : (last_kept >= 0 ? last_kept : 0);
+  if (logprobs == nullptr) {
+    if (tid == 0) out[blockIdx.x] = token;
+    return;
+  }
+  // The raw log-softmax (no temperature), summed in a fixed order like the greedy kernel's.
+  float s = 0.f;
+  for (int64_t i = tid; i < vocab; i += blockDim.x) s += __expf(l[i] - mx);
+  const float total = block_sum(s, fscratch);
+  if (tid == 0) {
+    out[blockIdx.x] = bad_row ? -1 : token;
+    logprobs[blockIdx.x] = bad_row ? 0.f : l[token] - mx - logf(total);
+  }
 }
 
 }  // namespace
@@ -211,8 +289,22 @@ void sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, float 
   FANTAI_REQUIRE(vocab > 0 && vocab < (int64_t{1} << 31), "sample: bad vocabulary size " << vocab);
   FANTAI_REQUIRE(temperature > 0.f && std::isfinite(temperature), "sample: temperature must be > 0");
   FANTAI_REQUIRE(top_p > 0.f && top_p <= 1.f, "sample: top_p must be in (0, 1]");
-  top_k_top_p_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(
-      logits, vocab, 1.f / temperature, top_k, top_p, uniform, out);
+  SampleArgs args;
+  args.temperature0 = temperature, args.top_k0 = top_k, args.top_p0 = top_p;
+  top_k_top_p_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(logits, vocab, args, uniform,
+                                                                                 out, nullptr);
+  FANTAI_CUDA_LAUNCHED();
+}
+
+void sample_top_k_top_p_rows(const float* logits, int64_t rows, int64_t vocab, const float* temperature,
+                             const int32_t* top_k, const float* top_p, const float* uniform, int32_t* out,
+                             float* logprobs, cudaStream_t stream) {
+  if (rows == 0) return;
+  FANTAI_REQUIRE(vocab > 0 && vocab < (int64_t{1} << 31), "sample: bad vocabulary size " << vocab);
+  SampleArgs args;
+  args.temperature = temperature, args.top_k = top_k, args.top_p = top_p;
+  top_k_top_p_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(logits, vocab, args, uniform,
+                                                                                 out, logprobs);
   FANTAI_CUDA_LAUNCHED();
 }
 

@@ -84,6 +84,18 @@ class Backend {
                              float* logprobs) {
     return false;
   }
+  // Top-k / top-p sampling where the logits live, with the host sampler's rules (sampling/
+  // sampler.cpp) for a plain row (sampling::plain_row). Per row r, all host arrays:
+  // temperature[r] > 0, top_k[r] (<= 0 or >= vocab: off), top_p[r] in (0, 1], uniform[r] in
+  // [0, 1) (sampling::device_uniform of the row's draw). tokens[r] and logprobs[r] (the token's
+  // log-softmax under the raw logits) are written to host memory; tokens[r] = -1 for a row with
+  // NaN, +inf or only -inf logits (the host sampler refuses such a row). rows == 0 probes.
+  // Returns false when the backend leaves this to the host sampler (cpu).
+  virtual bool sample_top_k_top_p(const float* logits, int64_t rows, int64_t vocab, const float* temperature,
+                                  const int32_t* top_k, const float* top_p, const float* uniform,
+                                  int32_t* tokens, float* logprobs) {
+    return false;
+  }
   // Gives the physical pages of [ptr, ptr + bytes) back (contents become undefined, the range
   // stays valid and is backed again on the next write). Default: keep them.
   virtual void release_pages(void* ptr, size_t bytes) {}

@@ -347,8 +347,24 @@ std::vector<StepOutput> Engine::step() {
   masking_ = grammar_ != nullptr && begin_masks(batch);  // overlaps the forward below
   std::vector<int32_t> greedy_tokens;
   std::vector<float> greedy_logprobs;
-  const bool sampled_on_backend = model_->samples_greedy_on_backend() && plain_greedy_step(batch) &&
-                                  runner_->run_greedy(batch, &greedy_tokens, &greedy_logprobs);
+  // A host backend declines both probes at no cost, so the CPU path below is untouched.
+  bool all_greedy = false;
+  bool sampled_on_backend = false;
+  if ((model_->samples_greedy_on_backend() || model_->samples_top_k_top_p_on_backend()) &&
+      plain_step(batch, &all_greedy)) {
+    if (all_greedy && model_->samples_greedy_on_backend()) {
+      sampled_on_backend = runner_->run_greedy(batch, &greedy_tokens, &greedy_logprobs);
+    } else if (model_->samples_top_k_top_p_on_backend()) {
+      // The uniforms are drawn here, so the step must not fall back to the host sampler (which
+      // would draw again): the probe above said yes, and a backend that says yes takes the step.
+      device_sampling_rows(batch);
+      const model::DeviceSampling ds{ds_temperature_.data(), ds_top_k_.data(), ds_top_p_.data(),
+                                     ds_uniform_.data()};
+      FANTAI_CHECK(runner_->run_sampled(batch, ds, &greedy_tokens, &greedy_logprobs),
+                   "the backend accepted top-k / top-p sampling, then declined it");
+      sampled_on_backend = true;
+    }
+  }
   const std::vector<float>& logits = sampled_on_backend ? empty_logits_ : runner_->run(batch);
   const double t_run = now_seconds();
   counters_.time_prepare_s += runner_->last_prepare_seconds();
@@ -408,20 +424,45 @@ bool Engine::begin_masks(const ScheduledBatch& batch) {
   return true;
 }
 
-bool Engine::plain_greedy_step(const ScheduledBatch& batch) const {
+bool Engine::plain_step(const ScheduledBatch& batch, bool* all_greedy) const {
+  *all_greedy = true;
   if (!pending_siblings_.empty() || masking_) return false;
   for (const ScheduledSeq& s : batch.seqs) {
     if (!s.sample) continue;
     const Request& r = *s.request;
     const sampling::SamplingParams& p = r.params;
+    // The bans sample_and_postprocess would add this step.
     const bool bans = static_cast<int32_t>(r.output.size()) < p.min_tokens &&
                       (!p.ignore_eos || !p.stop_token_ids.empty());
-    if (!p.greedy() || p.logprobs >= 0 || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
-        p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || bans) {
-      return false;
-    }
+    if (!sampling::plain_row(p, bans)) return false;
+    *all_greedy = *all_greedy && p.greedy();
   }
   return true;
+}
+
+void Engine::device_sampling_rows(const ScheduledBatch& batch) {
+  ds_temperature_.clear();
+  ds_top_k_.clear();
+  ds_top_p_.clear();
+  ds_uniform_.clear();
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (!s.sample) continue;
+    Request* r = s.request;
+    const sampling::SamplingParams& p = r->params;
+    if (p.greedy()) {
+      // The host sampler's greedy is the argmax with ties to the lowest id, which is top_k = 1
+      // under the device's order; it draws nothing, so neither do we.
+      ds_temperature_.push_back(1.0f);
+      ds_top_k_.push_back(1);
+      ds_top_p_.push_back(1.0f);
+      ds_uniform_.push_back(0.0f);
+      continue;
+    }
+    ds_temperature_.push_back(p.temperature);
+    ds_top_k_.push_back(p.top_k);
+    ds_top_p_.push_back(p.top_p);
+    ds_uniform_.push_back(sampling::device_uniform(sampling::draw_uniform(r->rng)));
+  }
 }
 
 void Engine::sample_and_postprocess(const ScheduledBatch& batch, const std::vector<float>& logits,

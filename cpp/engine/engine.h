@@ -153,10 +153,17 @@ class Engine {
   FinishReason check_stop(const Request& r, int32_t token, int32_t* stop_id) const;
   StepOutput finish_output(Request& r, FinishReason reason);
   void postprocess(Request* r, const sampling::SampleResult& res, std::vector<StepOutput>* outs);
-  // True when every row this step samples is plain greedy (no penalties, bias, bans, logprobs or
-  // pending siblings), so the backend may pick the tokens where the logits live.
-  bool plain_greedy_step(const ScheduledBatch& batch) const;
+  // True when every row this step samples is plain (sampling::plain_row: no penalties, bias,
+  // bans, logprobs, min_p or grammar mask) and no siblings are pending, so the backend may pick
+  // the tokens where the logits live; *all_greedy tells whether every such row is greedy.
+  bool plain_step(const ScheduledBatch& batch, bool* all_greedy) const;
+  // Fills the device sampler's per-row parameters for a plain step, drawing each non-greedy row's
+  // one uniform from its request's generator (sampling::draw_uniform), as sample() would.
+  void device_sampling_rows(const ScheduledBatch& batch);
   const std::vector<float> empty_logits_;
+  // A plain step's device sampling parameters (device_sampling_rows), reused across steps.
+  std::vector<float> ds_temperature_, ds_top_p_, ds_uniform_;
+  std::vector<int32_t> ds_top_k_;
   // Starts the masks of the step's constrained rows (false: none); mask_row_ maps each sampled
   // seq, in batch order, to its mask (-1: unconstrained).
   bool begin_masks(const ScheduledBatch& batch);

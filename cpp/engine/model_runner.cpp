@@ -79,12 +79,16 @@ void ModelRunner::prepare(const ScheduledBatch& batch) {
   }
 }
 
-const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
+void ModelRunner::begin_step(const ScheduledBatch& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
   if (model_->tp_shard().active()) tp_send_step(*model_, fb_, batch.block_copies);
   for (const BlockCopy& c : batch.block_copies) cache_->copy_block(c.kind, c.src, c.dst, model_->backend());
   last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
+  begin_step(batch);
   logits_.resize(static_cast<size_t>(fb_.num_logits) * model_->config().vocab_size);
   model_->forward(fb_, *cache_, logits_.data());
   return logits_;
@@ -93,14 +97,19 @@ const std::vector<float>& ModelRunner::run(const ScheduledBatch& batch) {
 bool ModelRunner::run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* tokens,
                              std::vector<float>* logprobs) {
   if (!model_->samples_greedy_on_backend()) return false;
-  const auto t0 = std::chrono::steady_clock::now();
-  prepare(batch);
-  if (model_->tp_shard().active()) tp_send_step(*model_, fb_, batch.block_copies);
-  for (const BlockCopy& c : batch.block_copies) cache_->copy_block(c.kind, c.src, c.dst, model_->backend());
-  last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  begin_step(batch);
   tokens->assign(fb_.num_logits, -1);
   logprobs->assign(fb_.num_logits, 0.0f);
   return model_->forward_greedy(fb_, *cache_, tokens->data(), logprobs->data());
+}
+
+bool ModelRunner::run_sampled(const ScheduledBatch& batch, const model::DeviceSampling& sampling,
+                              std::vector<int32_t>* tokens, std::vector<float>* logprobs) {
+  if (!model_->samples_top_k_top_p_on_backend()) return false;
+  begin_step(batch);
+  tokens->assign(fb_.num_logits, -1);
+  logprobs->assign(fb_.num_logits, 0.0f);
+  return model_->forward_sampled(fb_, *cache_, sampling, tokens->data(), logprobs->data());
 }
 
 }  // namespace fantai::engine

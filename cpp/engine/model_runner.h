@@ -25,9 +25,15 @@ class ModelRunner {
   // Runs one step with greedy sampling on the backend (Model::forward_greedy): tokens and logprobs
   // per sampled seq, in batch order. Returns false, running nothing, where the backend cannot.
   bool run_greedy(const ScheduledBatch& batch, std::vector<int32_t>* tokens, std::vector<float>* logprobs);
+  // The same with top-k / top-p sampling on the backend (Model::forward_sampled): `sampling` holds
+  // one entry per sampled seq, in batch order.
+  bool run_sampled(const ScheduledBatch& batch, const model::DeviceSampling& sampling,
+                   std::vector<int32_t>* tokens, std::vector<float>* logprobs);
 
  private:
   void prepare(const ScheduledBatch& batch);
+  // prepare() plus the step's tensor-parallel send and block copies: all but the forward.
+  void begin_step(const ScheduledBatch& batch);
 
   std::shared_ptr<model::Model> model_;
   model::KVCache* cache_;

@@ -67,6 +67,12 @@ class Model {
   bool forward_greedy(const ForwardBatch& batch, KVCache& cache, int32_t* tokens, float* logprobs);
   // Whether forward_greedy would take a step (false on host backends, at no cost).
   bool samples_greedy_on_backend() { return staging_.samples_greedy(config_.vocab_size); }
+  // Like forward_greedy, with each logits row drawn on the backend by its own temperature, top_k,
+  // top_p and uniform (Backend::sample_top_k_top_p). Returns false, computing nothing, when the
+  // backend cannot.
+  bool forward_sampled(const ForwardBatch& batch, KVCache& cache, const DeviceSampling& sampling,
+                       int32_t* tokens, float* logprobs);
+  bool samples_top_k_top_p_on_backend() { return staging_.samples_top_k_top_p(config_.vocab_size); }
 
   // Logits for every position of one sequence, with a private KV cache of kv_dtype: [n, vocab_size].
   // For tests and scoring (e.g. the perplexity cost of a KV dtype); the engine never calls it.
@@ -107,6 +113,7 @@ class Model {
   StepStaging staging_;               // the step's metadata and logits on a device backend
   int32_t* greedy_tokens_ = nullptr;  // set only inside forward_greedy
   float* greedy_logprobs_ = nullptr;
+  const DeviceSampling* device_sampling_ = nullptr;  // set only inside forward_sampled
 };
 
 }  // namespace fantai::model

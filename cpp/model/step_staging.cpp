@@ -53,6 +53,11 @@ bool StepStaging::samples_greedy(int32_t vocab) {
   return backend_->is_device() && backend_->sample_greedy(nullptr, 0, vocab, nullptr, nullptr);
 }
 
+bool StepStaging::samples_top_k_top_p(int32_t vocab) {
+  return backend_->is_device() && backend_->sample_top_k_top_p(nullptr, 0, vocab, nullptr, nullptr, nullptr,
+                                                               nullptr, nullptr, nullptr);
+}
+
 float* StepStaging::logits_target(float* host_logits, int32_t rows, int32_t vocab) {
   if (!backend_->is_device()) return host_logits;
   const size_t bytes = static_cast<size_t>(rows) * vocab * sizeof(float);
@@ -60,13 +65,19 @@ float* StepStaging::logits_target(float* host_logits, int32_t rows, int32_t voca
   return logits_dev_.as<float>();
 }
 
-void StepStaging::finish_logits(float* host_logits, int32_t rows, int32_t vocab, int32_t* greedy_tokens,
-                                float* greedy_logprobs) {
+void StepStaging::finish_logits(float* host_logits, int32_t rows, int32_t vocab, int32_t* tokens,
+                                float* logprobs, const DeviceSampling* sampling) {
   if (!backend_->is_device()) return;
-  if (greedy_tokens != nullptr) {
+  if (tokens != nullptr && sampling != nullptr) {
     FANTAI_CHECK(
-        backend_->sample_greedy(logits_dev_.as<float>(), rows, vocab, greedy_tokens, greedy_logprobs),
-        "backend " << backend_->name() << " accepted greedy sampling, then declined it");
+        backend_->sample_top_k_top_p(logits_dev_.as<float>(), rows, vocab, sampling->temperature,
+                                     sampling->top_k, sampling->top_p, sampling->uniform, tokens, logprobs),
+        "backend " << backend_->name() << " accepted top-k / top-p sampling, then declined it");
+    return;
+  }
+  if (tokens != nullptr) {
+    FANTAI_CHECK(backend_->sample_greedy(logits_dev_.as<float>(), rows, vocab, tokens, logprobs),
+                 "backend " << backend_->name() << " accepted greedy sampling, then declined it");
     return;
   }
   backend_->download(host_logits, logits_dev_.data(), static_cast<size_t>(rows) * vocab * sizeof(float));

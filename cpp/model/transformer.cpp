@@ -261,7 +261,8 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
       for (int64_t i = 0; i < rows; ++i) be->copy(out + i * V + v0, g + i * vr, vr * sizeof(float));
       g += rows * vr;
     }
-    staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_);
+    staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_,
+                           device_sampling_);
     return;
   }
   float* out = staging_.logits_target(logits, b.num_logits, c.vocab_size);
@@ -272,7 +273,8 @@ void Model::forward(const ForwardBatch& host_batch, KVCache& cache, float* logit
   lm_head_calls_++;
   if (c.final_logit_softcap > 0)
     be->softcap(out, c.final_logit_softcap, static_cast<int64_t>(b.num_logits) * c.vocab_size);
-  staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_);
+  staging_.finish_logits(logits, b.num_logits, c.vocab_size, greedy_tokens_, greedy_logprobs_,
+                         device_sampling_);
 }
 
 bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* tokens, float* logprobs) {
@@ -287,6 +289,24 @@ bool Model::forward_greedy(const ForwardBatch& b, KVCache& cache, int32_t* token
   } reset{this};
   greedy_tokens_ = tokens;
   greedy_logprobs_ = logprobs;
+  forward(b, cache, nullptr);
+  return true;
+}
+
+bool Model::forward_sampled(const ForwardBatch& b, KVCache& cache, const DeviceSampling& sampling,
+                            int32_t* tokens, float* logprobs) {
+  if (!staging_.samples_top_k_top_p(config_.vocab_size)) return false;
+  struct Reset {
+    Model* m;
+    ~Reset() {
+      m->greedy_tokens_ = nullptr;
+      m->greedy_logprobs_ = nullptr;
+      m->device_sampling_ = nullptr;
+    }
+  } reset{this};
+  greedy_tokens_ = tokens;
+  greedy_logprobs_ = logprobs;
+  device_sampling_ = &sampling;
   forward(b, cache, nullptr);
   return true;
 }

@@ -314,7 +314,7 @@ int32_t draw(const float* l, int32_t vocab, const SampleRow& row, size_t r, Scra
   }
   FANTAI_CHECK(std::isfinite(z), "sample: row " << r << ": processed logits contain NaN");
   // The one rng draw for this token, taken up front so the count never depends on the filters.
-  const double u = static_cast<double>((*row.rng)() >> 11) * 0x1.0p-53;
+  const double u = draw_uniform(*row.rng);
   Dist d{l, w, vocab, lmax, 1.0f / p.temperature};
   if (p.top_k > 0 && p.top_k < vocab) {
     d.bound = top_k_bound(d, p.top_k, s);
@@ -344,6 +344,19 @@ void sample_row(float* l, int32_t vocab, const SampleRow& row, size_t r, SampleR
 }
 
 }  // namespace
+
+float device_uniform(double u) {
+  float f = static_cast<float>(u);
+  if (static_cast<double>(f) > u) f = std::nextafter(f, 0.0f);
+  return f;
+}
+
+bool plain_row(const SamplingParams& p, bool has_bans) {
+  // min_p never drops the argmax, and greedy is the argmax, so it matters to sampled rows only.
+  return p.logprobs < 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && (p.min_p <= 0.0f || p.greedy()) &&
+         !p.constrained && !has_bans && std::isfinite(p.temperature);
+}
 
 void sample(float* logits, int32_t vocab, const std::vector<SampleRow>& rows,
             std::vector<SampleResult>* results) {

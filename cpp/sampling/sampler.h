@@ -35,4 +35,18 @@ struct SampleResult {
 void sample(float* logits, int32_t vocab, const std::vector<SampleRow>& rows,
             std::vector<SampleResult>* results);
 
+// The one uniform sample() draws per non-greedy token (greedy rows draw none). A device sampler
+// fed this value, drawn from the same request's generator at the same step, sees the draw the
+// host sampler would have made.
+inline double draw_uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+// draw_uniform's value as the float a device sampler takes, rounded toward zero so it stays < 1.
+float device_uniform(double u);
+
+// Whether a row's token depends only on its raw logits, temperature, top_k, top_p and (when not
+// greedy) the one draw_uniform: no logprobs, penalties, logit_bias, bans (has_bans: min_tokens
+// masks EOS / stop ids this step), min_p (on a sampled row) or grammar mask. Only such rows may
+// be sampled on a device (Backend::sample_top_k_top_p); any other row needs the host logits.
+bool plain_row(const SamplingParams& p, bool has_bans);
+
 }  // namespace fantai::sampling

@@ -20,6 +20,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/gemm_impl.h"
 #include "cuda/kernels.h"
+#include "sampling/sampler.h"
 
 namespace fantai::cuda {
 namespace {
@@ -491,7 +492,8 @@ TEST(CudaKernels, GreedyGivesTheTokenAndItsLogSoftmax) {
   EXPECT_EQ(tok[2], -1);
 }
 
-// The documented rule in double: kept set (top-k then top-p, ties at a cut kept) and the draw.
+// The documented rule in double: kept set (top-k then top-p) and the draw. The rows here have no
+// ties, so neither cut needs the id order.
 std::vector<char> ref_kept(const float* l, int vocab, float temp, int top_k, double top_p) {
   std::vector<float> sorted(l, l + vocab);
   std::sort(sorted.begin(), sorted.end(), std::greater<float>());
@@ -563,6 +565,96 @@ TEST(CudaKernels, TopKTopPDrawFollowsTheReferenceRule) {
         }
       }
   EXPECT_GE(exact, cases * 95 / 100) << exact << " of " << cases << " draws equal the reference's";
+}
+
+// The engine's device sampling path (Backend::sample_top_k_top_p, fed sampling::draw_uniform of
+// each row's generator) against the host sampler on the same logits: the same token, row by
+// row, over many rows, parameters and tie patterns. Float sums on the device against the host's
+// double and integer ones may move a token on a CDF or top-p boundary, so only those may differ,
+// rarely; top-k (ties by lower id) and greedy-as-top_k=1 never do.
+TEST(CudaBackend, DeviceSamplerMatchesTheHostSampler) {
+  SKIP_WITHOUT_GPU();
+  auto be = create_backend("cuda");
+  ASSERT_TRUE(be->sample_top_k_top_p(nullptr, 0, 3001, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr));
+  const int vocab = 3001, rows = 768;
+  const float temps[] = {0.f, 1.f, 0.7f, 1.6f};  // 0: greedy, sent as top_k = 1
+  const int32_t top_ks[] = {0, 1, 2, 40, vocab + 5};
+  const float top_ps[] = {1.f, 0.9f, 0.5f, 0.05f};
+  std::vector<float> l = randn(static_cast<size_t>(rows) * vocab, 41, 2.f);
+  for (int r = 0; r < rows; ++r) {
+    float* row = l.data() + static_cast<size_t>(r) * vocab;
+    if (r % 3 == 1)  // coarse logits: many ties everywhere, at the top-k cut included
+      for (int i = 0; i < vocab; ++i) row[i] = std::round(row[i] * 2.f) / 2.f;
+    if (r % 3 == 2) {  // a tied maximum at three ids
+      const float mx = *std::max_element(row, row + vocab) + 1.f;
+      row[17] = row[900] = row[2999] = mx;
+    }
+  }
+  std::vector<sampling::SamplingParams> params(rows);
+  std::vector<float> temperature(rows), top_p(rows), uniform(rows);
+  std::vector<int32_t> top_k(rows);
+  std::vector<std::mt19937_64> host_rng, mirror;
+  for (int r = 0; r < rows; ++r) {
+    sampling::SamplingParams& p = params[r];
+    p.temperature = temps[r % 4];
+    p.top_k = top_ks[(r / 4) % 5];
+    p.top_p = top_ps[(r / 20) % 4];
+    host_rng.emplace_back(1000 + r);
+    mirror.emplace_back(1000 + r);
+  }
+  for (int r = 0; r < rows; ++r) {  // exactly as Engine::device_sampling_rows fills them
+    const sampling::SamplingParams& p = params[r];
+    const bool g = p.greedy();
+    temperature[r] = g ? 1.f : p.temperature;
+    top_k[r] = g ? 1 : p.top_k;
+    top_p[r] = g ? 1.f : p.top_p;
+    uniform[r] = g ? 0.f : sampling::device_uniform(sampling::draw_uniform(mirror[r]));
+  }
+  void* dl = be->alloc(l.size() * 4);
+  be->upload(dl, l.data(), l.size() * 4);
+  std::vector<int32_t> tok(rows, -5);
+  std::vector<float> lp(rows, 1.f);
+  ASSERT_TRUE(be->sample_top_k_top_p(static_cast<const float*>(dl), rows, vocab, temperature.data(),
+                                     top_k.data(), top_p.data(), uniform.data(), tok.data(), lp.data()));
+  be->free(dl);
+  std::vector<float> host = l;
+  std::vector<sampling::SampleRow> srows(rows);
+  for (int r = 0; r < rows; ++r) srows[r] = {&params[r], nullptr, nullptr, &host_rng[r], nullptr};
+  std::vector<sampling::SampleResult> want;
+  sampling::sample(host.data(), vocab, srows, &want);
+  int exact_cut = 0, cut_rows = 0, exact_plain = 0, plain_rows = 0;
+  for (int r = 0; r < rows; ++r) {
+    SCOPED_TRACE(::testing::Message() << "row " << r << " T=" << params[r].temperature << " k="
+                                      << params[r].top_k << " p=" << params[r].top_p << " u=" << uniform[r]);
+    ASSERT_TRUE(tok[r] >= 0 && tok[r] < vocab);
+    EXPECT_TRUE(host_rng[r] == mirror[r]) << "the host sampler drew other than the mirrored uniform";
+    if (params[r].greedy() || params[r].top_k == 1) {
+      EXPECT_EQ(tok[r], want[r].token) << "greedy / top_k = 1 must be the lowest-id argmax";
+    } else if (params[r].top_p < 1.f) {
+      exact_cut += tok[r] == want[r].token, ++cut_rows;
+    } else {
+      exact_plain += tok[r] == want[r].token, ++plain_rows;
+    }
+    if (tok[r] == want[r].token) {
+      EXPECT_NEAR(lp[r], want[r].logprob, 2e-3f);
+    }
+  }
+  EXPECT_GE(exact_plain, plain_rows * 99 / 100) << exact_plain << " of " << plain_rows << " (top_p = 1)";
+  EXPECT_GE(exact_cut, cut_rows * 95 / 100) << exact_cut << " of " << cut_rows << " (top_p < 1)";
+  // A row the host sampler refuses comes back as token -1.
+  std::vector<float> bad(2 * 64, 0.f);
+  bad[5] = std::numeric_limits<float>::quiet_NaN();
+  bad[64 + 3] = std::numeric_limits<float>::infinity();
+  void* db = be->alloc(bad.size() * 4);
+  be->upload(db, bad.data(), bad.size() * 4);
+  const float t2[] = {1.f, 1.f}, p2[] = {1.f, 1.f}, u2[] = {0.5f, 0.5f};
+  const int32_t k2[] = {0, 0};
+  int32_t tok2[2] = {0, 0};
+  float lp2[2];
+  ASSERT_TRUE(be->sample_top_k_top_p(static_cast<const float*>(db), 2, 64, t2, k2, p2, u2, tok2, lp2));
+  be->free(db);
+  EXPECT_EQ(tok2[0], -1);
+  EXPECT_EQ(tok2[1], -1);
 }
 
 // ---- weight-only INT4 / INT8 ------------------------------------------------------------------

@@ -642,3 +642,87 @@ TEST(SamplerReduce, NanOrPlusInfPoisonTheSumAndNanNeverWinsArgmax) {
 }
 
 }  // namespace
+
+// ---- the device sampler's contract (Backend::sample_top_k_top_p) ------------------------------
+
+using fantai::sampling::device_uniform;
+using fantai::sampling::draw_uniform;
+using fantai::sampling::plain_row;
+
+// A device sampler fed draw_uniform of the request's generator must see the very draw sample()
+// makes: exactly one per non-greedy token, that value, and none for greedy.
+TEST(SamplerDeviceContract, DrawUniformIsTheSamplersOneDraw) {
+  const std::vector<float> base = {0.3f, 1.2f, -0.4f, 0.9f, 0.0f, 2.1f, -1.5f};
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    SamplingParams p = with_temperature(0.9f);
+    std::mt19937_64 used(seed), mirror(seed);
+    std::vector<float> l = base;
+    const int32_t tok = sample_one(l, p, &used).token;
+    const double u = draw_uniform(mirror);
+    EXPECT_TRUE(used == mirror) << "seed " << seed << ": the sampler drew other than one uniform";
+    // Unfiltered, the token is the inverse CDF at u in ascending id order.
+    const float mx = *std::max_element(base.begin(), base.end());
+    double z = 0;
+    std::vector<double> w;
+    for (float x : base) w.push_back(std::exp((x - mx) / p.temperature)), z += w.back();
+    double cum = 0;
+    int32_t want = static_cast<int32_t>(base.size()) - 1;
+    for (size_t i = 0; i < base.size(); ++i) {
+      cum += w[i];
+      if (cum > u * z) {
+        want = static_cast<int32_t>(i);
+        break;
+      }
+    }
+    EXPECT_EQ(tok, want) << "seed " << seed << " u " << u;
+  }
+  std::mt19937_64 used(7), untouched(7);
+  std::vector<float> l = base;
+  sample_one(l, with_temperature(0.0f), &used);
+  EXPECT_TRUE(used == untouched) << "a greedy row drew from its generator";
+}
+
+TEST(SamplerDeviceContract, DeviceUniformStaysBelowOneAndNeverRoundsUp) {
+  const double below_one = 1.0 - 0x1.0p-53;
+  EXPECT_LT(device_uniform(below_one), 1.0f);
+  EXPECT_EQ(device_uniform(0.0), 0.0f);
+  EXPECT_EQ(device_uniform(0.5), 0.5f);
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 10000; ++i) {
+    const double u = draw_uniform(rng);
+    const float f = device_uniform(u);
+    ASSERT_LE(static_cast<double>(f), u);
+    ASSERT_GE(f, 0.0f);
+    ASSERT_LT(f, 1.0f);
+    ASSERT_LT(u - static_cast<double>(f), 0x1.0p-24);
+  }
+}
+
+// Which rows may be sampled on a device: only temperature, top_k, top_p and seed may differ
+// from the defaults; anything else needs the host logits.
+TEST(SamplerDeviceContract, PlainRowAcceptsOnlyTemperatureTopKTopPAndSeed) {
+  SamplingParams p;
+  EXPECT_TRUE(plain_row(p, false));
+  p.temperature = 0.0f;
+  EXPECT_TRUE(plain_row(p, false));  // greedy
+  p.temperature = 0.7f, p.top_k = 1, p.top_p = 0.3f, p.seed = 5, p.max_tokens = 9;
+  p.stop_token_ids = {3};
+  EXPECT_TRUE(plain_row(p, false));
+  EXPECT_FALSE(plain_row(p, true)) << "min_tokens bans need the host logits";
+  auto rejects = [&](auto&& change, const char* what) {
+    SamplingParams q = p;
+    change(q);
+    EXPECT_FALSE(plain_row(q, false)) << what;
+  };
+  rejects([](SamplingParams& q) { q.logprobs = 0; }, "logprobs");
+  rejects([](SamplingParams& q) { q.logit_bias = {{1, 2.0f}}; }, "logit_bias");
+  rejects([](SamplingParams& q) { q.repetition_penalty = 1.1f; }, "repetition_penalty");
+  rejects([](SamplingParams& q) { q.presence_penalty = 0.5f; }, "presence_penalty");
+  rejects([](SamplingParams& q) { q.frequency_penalty = -0.5f; }, "frequency_penalty");
+  rejects([](SamplingParams& q) { q.min_p = 0.1f; }, "min_p");
+  SamplingParams greedy_min_p;
+  greedy_min_p.temperature = 0.0f, greedy_min_p.min_p = 0.3f;
+  EXPECT_TRUE(plain_row(greedy_min_p, false)) << "min_p cannot change a greedy row's argmax";
+  rejects([](SamplingParams& q) { q.constrained = true; }, "grammar");
+  rejects([](SamplingParams& q) { q.temperature = std::numeric_limits<float>::infinity(); }, "temperature");
+}

@@ -135,3 +135,20 @@ def test_host_and_device_sampling_paths_agree(gpu: None, model_dir: Path) -> Non
     on_host = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1),
                            use_tqdm=False)
     assert [o.outputs[0].token_ids for o in on_device] == [o.outputs[0].token_ids for o in on_host]
+
+
+def test_device_top_k_top_p_matches_the_host_sampler(gpu: None, model_dir: Path) -> None:
+    """Seeded temperature / top-k / top-p sampling draws on the GPU (Backend::sample_top_k_top_p)
+    with each request's own uniforms; logprobs=0 sends the same rows to the CPU sampler instead.
+    Same logits and same uniforms give the same tokens, but for a float-rounding boundary, rare."""
+    llm = LLM(str(model_dir), dtype="float32", device="cuda", num_kv_blocks=128)
+    prompts = random_prompts(8, 320, [2, 19, 64], seed=7)
+    same = 0
+    for temperature, top_k, top_p in [(0.8, 40, 0.9), (1.3, 0, 0.5), (1.0, 1, 1.0), (0.6, 5, 1.0)]:
+        kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=24, ignore_eos=True)
+        device = [SamplingParams(seed=100 + i, **kw) for i in range(len(prompts))]
+        host = [SamplingParams(seed=100 + i, logprobs=0, **kw) for i in range(len(prompts))]
+        on_device = llm.generate(prompts, device, use_tqdm=False)
+        on_host = llm.generate(prompts, host, use_tqdm=False)
+        same += sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(on_device, on_host))
+    assert same >= 31, f"{same} of 32 seeded sequences equal the host sampler's"

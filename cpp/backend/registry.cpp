@@ -118,7 +118,9 @@ std::shared_ptr<Backend> create_cuda_rank(const std::string& name, int device) {
     FANTAI_REQUIRE(name.size() <= 5, "with tensor_parallel_size > 1 each rank takes the GPU of its index "
                                          << "among the ranks on its host: ask for device 'cuda', not '"
                                          << name << "' (CUDA_VISIBLE_DEVICES picks the GPUs)");
+#ifdef FANTAI_WITH_NCCL  // without NCCL the require above has refused already
     device = cuda::nccl_local_rank(*host);
+#endif
     FANTAI_REQUIRE(device < cuda::device_count(), "tensor-parallel rank "
                                                       << host->rank() << " is rank " << device
                                                       << " on its host and takes GPU " << device

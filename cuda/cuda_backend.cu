@@ -85,6 +85,30 @@ class CudaBackend final : public Backend {
     FANTAI_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  void* alloc_host(size_t bytes) override {
+    bind();
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    if (e != cudaSuccess) cudaGetLastError();
+    FANTAI_REQUIRE(e == cudaSuccess, "cannot pin " << bytes / (1 << 20)
+                                                   << " MiB of host memory for swap space ("
+                                                   << cudaGetErrorString(e) << "); lower swap_space");
+    return p;
+  }
+  void free_host(void* ptr) override {
+    bind();
+    cudaStreamSynchronize(stream_);  // a swap copy may still be in flight
+    cudaFreeHost(ptr);
+  }
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
+    bind();
+    FANTAI_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+  void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
+    bind();
+    FANTAI_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
   void linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m, int64_t n,
               int64_t k) override {
     bind();

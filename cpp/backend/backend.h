@@ -69,6 +69,18 @@ class Backend {
   // backend overrides them. copy() above is backend memory to backend memory only.
   virtual void upload(void* dst, const void* host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
   virtual void download(void* host_dst, const void* src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
+  // Host memory for the KV swap space, and copies between it and backend memory. A device
+  // backend pins it and copies on its stream without waiting: the host never reads swap memory,
+  // and stream order puts a swap-out before the forward that reuses its blocks. On cpu, plain
+  // (lazily backed) memory and a memcpy.
+  virtual void* alloc_host(size_t bytes) { return alloc(bytes); }
+  virtual void free_host(void* ptr) { free(ptr); }
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) {
+    std::memcpy(host_dst, src, bytes);
+  }
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) {
+    std::memcpy(dst, host_src, bytes);
+  }
   // True when alloc() returns memory the host cannot dereference: the model then uploads the
   // per-step metadata (token ids, positions, slots, block tables) once per step and downloads
   // the logits once, instead of handing host pointers to the ops.

@@ -84,6 +84,12 @@ py::dict stats_dict(const engine::EngineStats& s) {
   d["allocated_slots"] = s.allocated_slots;
   d["kv_utilization"] = s.allocated_slots ? static_cast<double>(s.used_slots) / s.allocated_slots : 0.0;
   d["num_preemptions"] = s.num_preemptions;
+  d["num_swap_outs"] = s.num_swap_outs;
+  d["num_swap_ins"] = s.num_swap_ins;
+  d["num_swap_slots"] = s.num_swap_slots;
+  d["num_free_swap_slots"] = s.num_free_swap_slots;
+  d["num_swapped"] = s.num_swapped;
+  d["time_swap_s"] = s.time_swap_s;
   d["num_steps"] = s.num_steps;
   d["prompt_tokens"] = s.prompt_tokens;
   d["generation_tokens"] = s.generation_tokens;
@@ -122,7 +128,7 @@ py::dict snapshot_dict(const engine::EngineSnapshot& s) {
   for (const engine::RequestSnapshot& r : s.requests) {
     py::dict q;
     q["id"] = r.id;
-    q["status"] = r.running ? "running" : "waiting";
+    q["status"] = r.running ? "running" : r.swapped ? "swapped" : "waiting";
     q["block_table"] = r.block_table;
     q["num_tokens"] = r.num_tokens;
     q["num_prompt_tokens"] = r.num_prompt_tokens;
@@ -380,7 +386,9 @@ void bind_config(py::module_& m) {
       .def_readwrite("eos_token_ids", &EngineConfig::eos_token_ids)
       .def_readwrite("kv_cache_dtype", &EngineConfig::kv_cache_dtype)
       .def_readwrite("enable_prefix_caching", &EngineConfig::enable_prefix_caching)
-      .def_readwrite("release_keep_cached_blocks", &EngineConfig::release_keep_cached_blocks);
+      .def_readwrite("release_keep_cached_blocks", &EngineConfig::release_keep_cached_blocks)
+      .def_readwrite("swap_space_bytes", &EngineConfig::swap_space_bytes)
+      .def_readwrite("preemption_mode", &EngineConfig::preemption_mode);
 }
 
 void bind_model(py::module_& m) {

@@ -172,7 +172,96 @@ int32_t BlockManager::reset_prefix_cache() {
   return n;
 }
 
-void BlockManager::check_invariants(const std::vector<const BlockTables*>& live) const {
+void BlockManager::set_swap_slots(int32_t slots_per_kind) {
+  FANTAI_REQUIRE(slots_per_kind >= 0, "swap slots must be >= 0, got " << slots_per_kind);
+  FANTAI_CHECK(swap_slots_ == 0 || num_free_swap_slots() == num_swap_slots(), "set_swap_slots: slots in use");
+  swap_slots_ = slots_per_kind;
+  swap_free_.assign(pools_.size(), {});
+  for (auto& f : swap_free_)
+    for (int32_t s = slots_per_kind - 1; s >= 0; --s) f.push_back(s);
+}
+
+int32_t BlockManager::num_swap_slots() const { return swap_slots_ * num_kinds(); }
+
+int32_t BlockManager::num_free_swap_slots() const {
+  int32_t n = 0;
+  for (const auto& f : swap_free_) n += static_cast<int32_t>(f.size());
+  return n;
+}
+
+bool BlockManager::can_swap_out(const BlockTables& tables) const {
+  if (swap_slots_ == 0 || tables.kinds.size() != pools_.size()) return false;
+  for (int k = 0; k < num_kinds(); ++k)
+    if (tables.kinds[k].num_live() > static_cast<int32_t>(swap_free_[k].size())) return false;
+  return true;
+}
+
+void BlockManager::swap_out(BlockTables& tables, SwappedTables* out, std::vector<BlockCopy>* copies) {
+  FANTAI_CHECK(can_swap_out(tables), "swap_out: not enough free swap slots");
+  FANTAI_CHECK(out->empty(), "swap_out: the request is already swapped");
+  out->kinds.resize(pools_.size());
+  for (int k = 0; k < num_kinds(); ++k) {
+    const BlockTable& t = tables.kinds[k];
+    SwappedTables::Kind& s = out->kinds[k];
+    s.num_tokens = t.num_tokens;
+    s.num_dropped = t.num_dropped;
+    s.dropped_uid = t.dropped_uid;
+    for (size_t i = t.num_dropped; i < t.blocks.size(); ++i) {
+      const int32_t slot = swap_free_[k].back();
+      swap_free_[k].pop_back();
+      s.slots.push_back(slot);
+      copies->push_back({k, t.blocks[i], slot, BlockCopy::kToSwap});
+    }
+  }
+  free(tables);
+}
+
+bool BlockManager::swap_in(SwappedTables& swapped, BlockTables& tables, int32_t num_tokens,
+                           std::vector<BlockCopy>* copies) {
+  FANTAI_CHECK(swapped.kinds.size() == pools_.size() && tables.empty(), "swap_in: not a swapped sequence");
+  ensure_kinds(tables);
+  for (int k = 0; k < num_kinds(); ++k) {
+    const SwappedTables::Kind& s = swapped.kinds[k];
+    const int32_t live = static_cast<int32_t>(s.slots.size());
+    const int32_t grow = std::max(blocks_for(num_tokens) - blocks_for(s.num_tokens), 0);
+    if (live + grow > pools_[k].num_free_blocks()) return false;
+  }
+  std::vector<int32_t> fresh;
+  for (int k = 0; k < num_kinds(); ++k) {
+    SwappedTables::Kind& s = swapped.kinds[k];
+    fresh.clear();
+    const int32_t n = blocks_for(s.num_tokens);
+    FANTAI_CHECK(pools_[k].restore(tables.kinds[k], n, s.num_dropped, s.dropped_uid, s.num_tokens, &fresh),
+                 "swap_in: pool " << k << " refused");
+    for (size_t i = 0; i < fresh.size(); ++i)
+      copies->push_back({k, s.slots[i], fresh[i], BlockCopy::kFromSwap});
+  }
+  FANTAI_CHECK(allocate(tables, swapped.num_tokens(), num_tokens), "swap_in: growth refused");
+  free_swapped(swapped);
+  return true;
+}
+
+void BlockManager::free_swapped(SwappedTables& swapped) {
+  for (size_t k = 0; k < swapped.kinds.size(); ++k)
+    for (auto it = swapped.kinds[k].slots.rbegin(); it != swapped.kinds[k].slots.rend(); ++it)
+      swap_free_[k].push_back(*it);
+  swapped.kinds.clear();
+}
+
+void BlockManager::check_invariants(const std::vector<const BlockTables*>& live,
+                                    const std::vector<const SwappedTables*>* swapped) const {
+  if (swapped != nullptr) {
+    for (int k = 0; k < static_cast<int>(swap_free_.size()); ++k) {
+      std::vector<int32_t> held(swap_free_[k]);
+      for (const SwappedTables* s : *swapped)
+        if (!s->empty()) held.insert(held.end(), s->kinds[k].slots.begin(), s->kinds[k].slots.end());
+      std::sort(held.begin(), held.end());
+      for (int32_t i = 0; i < static_cast<int32_t>(held.size()); ++i)
+        FANTAI_CHECK(held[i] == i, "swap slots of kind " << k << ": slot " << i << " is lost or held twice");
+      FANTAI_CHECK(static_cast<int32_t>(held.size()) == swap_slots_,
+                   "swap slots of kind " << k << ": " << held.size() << " accounted for, " << swap_slots_);
+    }
+  }
   for (int k = 0; k < num_kinds(); ++k) {
     std::vector<const BlockTable*> tables;
     for (const BlockTables* t : live) {

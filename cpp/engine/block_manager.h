@@ -28,9 +28,33 @@ struct BlockTables {
   int32_t num_cached_blocks() const { return kinds.empty() ? 0 : kinds[0].num_cached_blocks; }
 };
 
-// KV of physical block src is copied to dst in the layers of `kind` (copy-on-write).
+// KV of block src is copied to dst in the layers of `kind`: within the pool (copy-on-write), from
+// a pool block to a host swap slot (a preempted sequence swapped out) or back (swapped in).
+// A step's copies run in list order before its forward, so a block freed and reused within the
+// step is read before it is written.
 struct BlockCopy {
+  enum Where : int32_t { kInPool = 0, kToSwap = 1, kFromSwap = 2 };
   int32_t kind = 0, src = -1, dst = -1;
+  Where where = kInPool;
+};
+
+// A sequence's tables while its KV sits in host swap slots: per kind the slot of each live
+// block (logical order) and what the table needs to be rebuilt around fresh blocks.
+struct SwappedTables {
+  struct Kind {
+    std::vector<int32_t> slots;  // [live blocks]
+    int32_t num_tokens = 0;
+    int32_t num_dropped = 0;  // leading logical blocks a window had given back
+    uint64_t dropped_uid = 0;
+  };
+  std::vector<Kind> kinds;  // empty: not swapped
+  bool empty() const { return kinds.empty(); }
+  int32_t num_tokens() const { return kinds.empty() ? 0 : kinds[0].num_tokens; }
+  int32_t num_slots() const {
+    int32_t n = 0;
+    for (const Kind& k : kinds) n += static_cast<int32_t>(k.slots.size());
+    return n;
+  }
 };
 
 // The cached full blocks holding a prompt's first num_blocks * block_size tokens, in every kind.
@@ -106,8 +130,28 @@ class BlockManager {
   void record_lookup(int32_t queried, int32_t hit);
   int32_t reset_prefix_cache();
 
-  // All invariants of every pool against the live tables (tests and debug builds).
-  void check_invariants(const std::vector<const BlockTables*>& live) const;
+  // ---- host swap space ----------------------------------------------------------------------
+  // Swap slots per kind (the same count in every kind; 0: no swap space). Set once, up front.
+  void set_swap_slots(int32_t slots_per_kind);
+  int32_t num_swap_slots() const;  // sums over the kinds
+  int32_t num_free_swap_slots() const;
+  // Whether every kind has a free slot for each of the tables' live blocks.
+  bool can_swap_out(const BlockTables& tables) const;
+  // Moves the tables' live blocks to swap slots (a kToSwap copy each, appended to copies), frees
+  // the tables and describes them in *out. Requires can_swap_out.
+  void swap_out(BlockTables& tables, SwappedTables* out, std::vector<BlockCopy>* copies);
+  // Rebuilds empty tables from swapped ones around fresh blocks (a kFromSwap copy each, appended
+  // to copies), grows them to num_tokens and frees the slots. All or nothing, as allocate: false,
+  // changing nothing, when a pool is short.
+  bool swap_in(SwappedTables& swapped, BlockTables& tables, int32_t num_tokens,
+               std::vector<BlockCopy>* copies);
+  // Gives the slots back without copying (the request was aborted or finished). Idempotent.
+  void free_swapped(SwappedTables& swapped);
+
+  // All invariants of every pool against the live tables (tests and debug builds); with
+  // `swapped`, also that the swap slots they hold are exactly the ones not free.
+  void check_invariants(const std::vector<const BlockTables*>& live,
+                        const std::vector<const SwappedTables*>* swapped = nullptr) const;
 
  private:
   void ensure_kinds(BlockTables& tables) const;
@@ -116,6 +160,8 @@ class BlockManager {
   bool prefix_caching_;
   std::vector<BlockPool> pools_;
   std::vector<int32_t> windows_;
+  int32_t swap_slots_ = 0;                       // per kind
+  std::vector<std::vector<int32_t>> swap_free_;  // per kind, a stack: lowest slot on top
 };
 
 }  // namespace fantai::engine

@@ -118,6 +118,29 @@ int32_t BlockPool::drop_before(BlockTable& table, int32_t first) {
   return n;
 }
 
+bool BlockPool::restore(BlockTable& table, int32_t num_blocks, int32_t num_dropped, uint64_t dropped_uid,
+                        int32_t num_tokens, std::vector<int32_t>* fresh) {
+  FANTAI_CHECK(table.blocks.empty(), "restore: the table already holds blocks");
+  FANTAI_CHECK(num_dropped >= 0 && num_dropped <= num_blocks && num_blocks == blocks_for(num_tokens),
+               "restore: " << num_blocks << " blocks (" << num_dropped << " dropped) for " << num_tokens
+                           << " tokens");
+  if (num_blocks - num_dropped > num_free_blocks()) return false;
+  table.blocks.assign(num_dropped, -1);
+  for (int32_t i = num_dropped; i < num_blocks; ++i) {
+    const int32_t b = take_free_block();
+    table.blocks.push_back(b);
+    set_fill(b, std::min(block_size_, num_tokens - i * block_size_));
+    fresh->push_back(b);
+  }
+  table.num_tokens = num_tokens;
+  table.num_dropped = num_dropped;
+  table.dropped_uid = dropped_uid;
+  // Fresh blocks are not in the cache: cache_full_blocks registers them where no other block
+  // holds their content.
+  table.num_cached_blocks = 0;
+  return true;
+}
+
 void BlockPool::fork(const BlockTable& src, BlockTable& dst) {
   FANTAI_CHECK(dst.blocks.empty() && dst.num_tokens == 0, "fork: destination table is not empty");
   for (size_t i = src.num_dropped; i < src.blocks.size(); ++i) {

@@ -64,6 +64,11 @@ class BlockPool {
   // Releases the table's blocks before logical block `first` (they become -1), oldest first: a
   // window has passed them. Returns how many it released.
   int32_t drop_before(BlockTable& table, int32_t first);
+  // Fills the empty `table` with num_blocks logical blocks for num_tokens tokens, the first
+  // num_dropped of them dropped (-1) and the rest fresh, appended to *fresh in logical order (a
+  // swapped-out sequence coming back). False, changing nothing, when the pool is short.
+  bool restore(BlockTable& table, int32_t num_blocks, int32_t num_dropped, uint64_t dropped_uid,
+               int32_t num_tokens, std::vector<int32_t>* fresh);
   // Makes `dst` share all of `src`'s blocks (ref counts +1). dst must be empty.
   void fork(const BlockTable& src, BlockTable& dst);
   int32_t ref_count(int32_t block) const { return ref_counts_[block]; }

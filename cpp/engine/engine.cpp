@@ -74,14 +74,23 @@ std::vector<int32_t> split_kv_blocks(const model::ModelConfig& mc, const std::ve
 
 }  // namespace
 
-int64_t default_kv_cache_bytes() {
+namespace {
+
+// A /proc/meminfo field in bytes (0 where unknown).
+int64_t meminfo_bytes(const std::string& field) {
   std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0, avail_kb = 0;
-  std::string unit;
+  std::string key, unit;
+  int64_t kb = 0;
   while (f >> key >> kb >> unit) {
-    if (key == "MemAvailable:") avail_kb = kb;
+    if (key == field) return kb * 1024;
   }
+  return 0;
+}
+
+}  // namespace
+
+int64_t default_kv_cache_bytes() {
+  const int64_t avail_kb = meminfo_bytes("MemAvailable:") / 1024;
   int64_t bytes = avail_kb > 0 ? avail_kb * 1024 / 4 : (int64_t{1} << 30);
   return std::min<int64_t>(bytes, int64_t{4} << 30);
 }
@@ -121,13 +130,32 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
                    "kv_cache_memory is smaller than one KV block (" << per_block << " bytes)");
   std::vector<BlockPoolSpec> pools;
   for (int k = 0; k < kinds; ++k) pools.push_back({num_blocks[k], windows[k]});
+  const PreemptionMode mode = preemption_mode_from_name(config_.preemption_mode);
+  FANTAI_REQUIRE(config_.swap_space_bytes >= 0, "swap_space must be >= 0");
+  // Swap space is host memory the sequences' KV must really fit in (pinned, on a GPU).
+  const int64_t host = meminfo_bytes("MemTotal:");
+  FANTAI_REQUIRE(host == 0 || config_.swap_space_bytes <= host,
+                 "swap_space of " << config_.swap_space_bytes / (1 << 20) << " MiB exceeds the host memory ("
+                                  << host / (1 << 20) << " MiB)");
+  // A slot holds one block of each kind, so a swapped sequence fits in every kind alike.
+  const int64_t swap_slots = config_.swap_space_bytes / static_cast<int64_t>(per_block);
+  FANTAI_REQUIRE(config_.swap_space_bytes == 0 || swap_slots >= 1,
+                 "swap_space is smaller than one KV block (" << per_block << " bytes)");
+  FANTAI_REQUIRE(mode != PreemptionMode::kSwap || swap_slots >= 1,
+                 "preemption_mode 'swap' needs swap space (swap_space > 0)");
   blocks_ = std::make_unique<BlockManager>(pools, config_.block_size, config_.enable_prefix_caching);
+  blocks_->set_swap_slots(static_cast<int32_t>(std::min<int64_t>(swap_slots, 1 << 30)));
   cache_ = std::make_unique<model::KVCache>(mc, num_blocks, config_.block_size, kv_dtype, model_->backend());
+  cache_->reserve_swap(static_cast<int32_t>(std::min<int64_t>(swap_slots, 1 << 30)), model_->backend());
   scheduler_ = std::make_unique<Scheduler>(
-      SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill},
+      SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.enable_chunked_prefill,
+                      mode},
       blocks_.get());
+  // Until a swap is timed: host memory moves at a few GB/s (a memcpy, or PCIe to pinned memory).
+  scheduler_->set_preemption_costs({static_cast<double>(per_block) / 4e9, 0.0});
   runner_ = std::make_unique<ModelRunner>(model_, cache_.get());
-  if (model_->tp_shard().active()) tp_handshake_leader(*model_, num_blocks, config_.block_size, kv_dtype);
+  if (model_->tp_shard().active())
+    tp_handshake_leader(*model_, num_blocks, config_.block_size, kv_dtype, cache_->swap_slots());
   for (int k = 0; k < kinds; ++k) {
     FANTAI_LOG(kInfo,
                "KV pool" << (kinds > 1 ? " of " + kv_kind_name(windows[k]) : std::string()) << ": "
@@ -137,6 +165,10 @@ Engine::Engine(std::shared_ptr<model::Model> model, EngineConfig config)
                          << (windows[k] > 0 ? ", window " + std::to_string(windows[k]) : std::string()));
   }
   FANTAI_LOG(kInfo, "KV cache: " << cache_->bytes() / (1 << 20) << " MiB (" << dtype_name(kv_dtype) << ")");
+  if (cache_->swap_slots() > 0)
+    FANTAI_LOG(kInfo, "KV swap space: " << cache_->swap_slots()
+                                        << " blocks = " << cache_->swap_bytes() / (1 << 20)
+                                        << " MiB of host memory, preemption " << config_.preemption_mode);
 }
 
 Engine::~Engine() {
@@ -336,9 +368,18 @@ std::vector<StepOutput> Engine::step() {
     requests_.erase(r->id);
   }
   if (!batch.preempted.empty()) {
-    FANTAI_LOG(kDebug, "preempted " << batch.preempted.size() << " request(s) (KV pool full)");
+    FANTAI_LOG(kDebug, "preempted " << batch.preempted.size() << " request(s) (KV pool full), "
+                                    << batch.num_swapped_out << " swapped out");
   }
-  if (batch.empty()) return outs;
+  if (batch.empty()) {
+    // Swapped-out blocks are free from now on: their KV must reach the swap slots before any
+    // later step reuses them.
+    if (!batch.block_copies.empty()) {
+      runner_->run_copies(batch.block_copies);
+      counters_.time_swap_s += runner_->last_swap_seconds();
+    }
+    return outs;
+  }
   const double t = now_seconds();
   counters_.time_schedule_s += t - t_start;
   for (const ScheduledSeq& s : batch.seqs) {
@@ -369,6 +410,8 @@ std::vector<StepOutput> Engine::step() {
   const double t_run = now_seconds();
   counters_.time_prepare_s += runner_->last_prepare_seconds();
   counters_.time_forward_s += t_run - t - runner_->last_prepare_seconds();
+  counters_.time_swap_s += runner_->last_swap_seconds();
+  update_preemption_costs(batch, t_run - t - runner_->last_prepare_seconds());
   scheduler_->on_step_done(batch);
   counters_.num_steps++;
   counters_.last_batch_tokens = batch.num_tokens;
@@ -394,6 +437,29 @@ std::vector<StepOutput> Engine::step() {
   counters_.time_sample_s += last_sample_s_;
   counters_.time_step_s += t_end - t_start;
   return outs;
+}
+
+void Engine::update_preemption_costs(const ScheduledBatch& batch, double forward_s) {
+  if (cache_->swap_slots() == 0) return;
+  // Moving averages, so a slow step (a page fault storm, a busy neighbour) does not flip the
+  // policy alone. A step's forward over its tokens is what recomputing them costs (a prefill
+  // step's tokens are nearly all prompt tokens; a decode step prices tokens far higher, which
+  // recompute would batch, so only steps that are mostly prefill are taken).
+  PreemptionCosts c = scheduler_->preemption_costs();
+  constexpr double kKeep = 0.8;
+  if (batch.num_prefill_tokens >= 16 && batch.num_prefill_tokens * 2 >= batch.num_tokens) {
+    const double per_token = forward_s / batch.num_tokens;
+    c.recompute_s_per_token = c.recompute_s_per_token > 0
+                                  ? kKeep * c.recompute_s_per_token + (1 - kKeep) * per_token
+                                  : per_token;
+  }
+  // A device backend only queues its copies; the wall time would flatter it, so keep the
+  // bandwidth guess there.
+  if (runner_->last_swap_blocks() > 0 && !model_->backend()->is_device()) {
+    const double per_block = runner_->last_swap_seconds() / runner_->last_swap_blocks();
+    c.swap_s_per_block = kKeep * c.swap_s_per_block + (1 - kKeep) * per_block;
+  }
+  scheduler_->set_preemption_costs(c);
 }
 
 void Engine::set_mask_provider(std::shared_ptr<TokenMaskProvider> provider) {
@@ -557,6 +623,11 @@ EngineStats Engine::stats() const {
   s.used_slots = blocks_->used_slots();
   s.allocated_slots = blocks_->allocated_slots();
   s.num_preemptions = scheduler_->num_preemptions();
+  s.num_swap_outs = scheduler_->num_swap_outs();
+  s.num_swap_ins = scheduler_->num_swap_ins();
+  s.num_swap_slots = blocks_->num_swap_slots();
+  s.num_free_swap_slots = blocks_->num_free_swap_slots();
+  for (const Request* r : scheduler_->waiting()) s.num_swapped += !r->swapped.empty();
   for (int k = 0; k < blocks_->num_kinds(); ++k) {
     const BlockPool& pool = blocks_->pool(k);
     KVKindStats ks;
@@ -608,6 +679,7 @@ EngineSnapshot Engine::snapshot() const {
     rs.num_prompt_tokens = static_cast<int32_t>(r->prompt.size());
     rs.num_computed_tokens = r->num_computed_tokens;
     rs.num_preemptions = r->num_preemptions;
+    rs.swapped = !r->swapped.empty();
     snap.requests.push_back(std::move(rs));
   };
   for (const Request* r : scheduler_->running()) add(r, true);

@@ -35,6 +35,12 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   // On release_memory(): cached (unowned) blocks kept for future prefix hits; < 0 = pool / 8.
   int32_t release_keep_cached_blocks = -1;
+  // Host memory for preempted sequences' KV (0: none, preemption always recomputes), and how a
+  // preempted sequence gives its blocks back: "auto" (swap when the measured cost of copying out
+  // and back is below that of recomputing), "swap" (whenever the swap space has room) or
+  // "recompute".
+  int64_t swap_space_bytes = 0;
+  std::string preemption_mode = "auto";
 };
 
 struct TokenLogprob {
@@ -68,6 +74,11 @@ struct EngineStats {
   std::vector<KVKindStats> kv_kinds;
   int64_t used_slots = 0, allocated_slots = 0;
   int64_t num_preemptions = 0, num_steps = 0;
+  // Of the preemptions, those swapped out (the rest recomputed); swapped back in; swap slots
+  // (one block of one kind each, summed over the kinds), free ones, and waiting requests swapped.
+  int64_t num_swap_outs = 0, num_swap_ins = 0;
+  int64_t num_swap_slots = 0, num_free_swap_slots = 0, num_swapped = 0;
+  double time_swap_s = 0.0;  // wall seconds of swap copies (queued only, on a device backend)
   int64_t prompt_tokens = 0, generation_tokens = 0;  // computed so far (prefill incl. recompute)
   int64_t last_batch_tokens = 0, last_batch_decode = 0, last_batch_prefill = 0;
   int64_t num_cached_blocks = 0;                // unowned blocks holding reusable prefix KV
@@ -98,6 +109,7 @@ struct RequestSnapshot {
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
   int32_t num_preemptions = 0;
+  bool swapped = false;  // waiting with its KV in swap slots
 };
 
 // A copy of the block pool and the queues at one instant. Built by the thread that steps.
@@ -145,6 +157,7 @@ class Engine {
   const model::ModelConfig& model_config() const { return model_->config(); }
   const BlockManager& block_manager() const { return *blocks_; }
   size_t kv_cache_bytes() const { return cache_->bytes(); }
+  size_t swap_space_bytes() const { return cache_->swap_bytes(); }
   size_t kv_resident_bytes() const { return cache_->resident_bytes(); }
 
  private:
@@ -181,6 +194,8 @@ class Engine {
   std::mt19937_64 rng_;
   EngineStats counters_;
   double last_sample_s_ = 0.0;  // the sampler's share of the current step
+  // Keeps the scheduler's preemption costs current from this step's measured times.
+  void update_preemption_costs(const ScheduledBatch& batch, double forward_s);
   std::unique_ptr<GrammarHook> grammar_;
   std::vector<int32_t> mask_row_;
   bool masking_ = false;  // this step's masks are being computed

@@ -79,11 +79,41 @@ void ModelRunner::prepare(const ScheduledBatch& batch) {
   }
 }
 
+double apply_block_copies(model::KVCache& cache, const std::vector<BlockCopy>& copies, Backend* backend) {
+  double swap_s = 0.0;
+  for (const BlockCopy& c : copies) {
+    if (c.where == BlockCopy::kInPool) {
+      cache.copy_block(c.kind, c.src, c.dst, backend);
+      continue;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (c.where == BlockCopy::kToSwap) {
+      cache.swap_out(c.kind, c.src, c.dst, backend);
+    } else {
+      FANTAI_CHECK(c.where == BlockCopy::kFromSwap, "bad block copy kind " << c.where);
+      cache.swap_in(c.kind, c.src, c.dst, backend);
+    }
+    swap_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return swap_s;
+}
+
+void ModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
+  last_swap_s_ = apply_block_copies(*cache_, copies, model_->backend());
+  last_swap_blocks_ = 0;
+  for (const BlockCopy& c : copies) last_swap_blocks_ += c.where != BlockCopy::kInPool;
+}
+
+void ModelRunner::run_copies(const std::vector<BlockCopy>& copies) {
+  if (model_->tp_shard().active()) tp_send_copies(*model_, copies);
+  copy_blocks(copies);
+}
+
 void ModelRunner::begin_step(const ScheduledBatch& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   prepare(batch);
   if (model_->tp_shard().active()) tp_send_step(*model_, fb_, batch.block_copies);
-  for (const BlockCopy& c : batch.block_copies) cache_->copy_block(c.kind, c.src, c.dst, model_->backend());
+  copy_blocks(batch.block_copies);
   last_prepare_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

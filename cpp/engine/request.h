@@ -23,9 +23,11 @@ struct Request {
   FinishReason finish_reason = FinishReason::kNone;
 
   // Tokens whose K/V are in the cache. A running decode has num_computed == num_tokens() - 1
-  // (the last sampled token is fed next step). Preemption by recomputation resets it to 0.
+  // (the last sampled token is fed next step). Preemption by recomputation resets it to 0;
+  // preemption by swapping keeps it, the K/V then living in `swapped` until it is admitted again.
   int32_t num_computed_tokens = 0;
   BlockTables block_tables;  // one per attention kind
+  SwappedTables swapped;     // non-empty while swapped out (block_tables then empty)
   int32_t num_preemptions = 0;
   std::mt19937_64 rng;        // per-request, so seeded output is batch independent
   double arrival_time = 0.0;  // seconds, steady clock

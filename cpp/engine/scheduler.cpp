@@ -1,4 +1,5 @@
-// engine: iteration-level (continuous) batching with chunked prefill and preemption by recompute.
+// engine: iteration-level (continuous) batching with chunked prefill and preemption by recompute
+// or swap.
 #include "engine/scheduler.h"
 
 #include <algorithm>
@@ -18,6 +19,14 @@ double now_seconds() {
 bool is_decode(const ScheduledSeq& s) { return s.start >= static_cast<int32_t>(s.request->prompt.size()); }
 
 }  // namespace
+
+PreemptionMode preemption_mode_from_name(const std::string& name) {
+  if (name == "auto") return PreemptionMode::kAuto;
+  if (name == "swap") return PreemptionMode::kSwap;
+  FANTAI_REQUIRE(name == "recompute",
+                 "preemption_mode must be one of auto, swap, recompute; got '" << name << "'");
+  return PreemptionMode::kRecompute;
+}
 
 Scheduler::Scheduler(SchedulerConfig config, BlockManager* blocks) : config_(config), blocks_(blocks) {
   FANTAI_REQUIRE(blocks_ != nullptr, "Scheduler needs a BlockManager");
@@ -44,7 +53,7 @@ void Scheduler::add(Request* request) {
   FANTAI_REQUIRE(request != nullptr, "Scheduler::add: null request");
   // An empty prompt would give a zero-token chunk, which no step can make progress on.
   FANTAI_REQUIRE(!request->prompt.empty(), "request " << request->id << " has an empty prompt");
-  FANTAI_CHECK(request->block_tables.empty() && request->num_computed_tokens == 0,
+  FANTAI_CHECK(request->block_tables.empty() && request->swapped.empty() && request->num_computed_tokens == 0,
                "request " << request->id << " is added with cache state");
   request->status = RequestStatus::kWaiting;
   request->finish_reason = FinishReason::kNone;
@@ -116,7 +125,8 @@ void Scheduler::admit_waiting(ScheduledBatch& batch) {
     // Longest cached prefix of full blocks; at least the last token is always computed, since
     // its logits are needed.
     PrefixHit hit;
-    const bool fresh = r->block_tables.empty() && blocks_->prefix_caching();
+    const bool swapped = !r->swapped.empty();
+    const bool fresh = r->block_tables.empty() && !swapped && blocks_->prefix_caching();
     if (fresh) {
       gather_tokens(*r, r->num_tokens(), &tokens_);
       hit = blocks_->find_cached_prefix(tokens_.data(), r->num_tokens() - 1);
@@ -130,8 +140,14 @@ void Scheduler::admit_waiting(ScheduledBatch& batch) {
       break;
     }
     // Every kind must fit (all or nothing): the hit's blocks each kind still needs, and the chunk.
-    const bool fits = fresh ? blocks_->take_cached_and_allocate(r->block_tables, hit, computed + n)
-                            : blocks_->allocate(r->block_tables, computed, computed + n);
+    const bool fits = swapped
+                          ? blocks_->swap_in(r->swapped, r->block_tables, computed + n, &batch.block_copies)
+                      : fresh ? blocks_->take_cached_and_allocate(r->block_tables, hit, computed + n)
+                              : blocks_->allocate(r->block_tables, computed, computed + n);
+    if (fits && swapped) {
+      ++batch.num_swapped_in;
+      ++num_swap_ins_;
+    }
     if (fits && fresh) {
       r->num_computed_tokens = computed;
       blocks_->record_lookup(r->num_tokens(), computed);
@@ -173,12 +189,29 @@ void Scheduler::remove_from_batch(Request* request, ScheduledBatch& batch) const
   batch.seqs.erase(it);
 }
 
+bool Scheduler::should_swap(const Request& r) const {
+  if (config_.preemption_mode == PreemptionMode::kRecompute || r.num_computed_tokens == 0 ||
+      !blocks_->can_swap_out(r.block_tables))
+    return false;
+  if (config_.preemption_mode == PreemptionMode::kSwap) return true;
+  int32_t live = 0;
+  for (const BlockTable& t : r.block_tables.kinds) live += t.num_live();
+  return 2.0 * live * costs_.swap_s_per_block < r.num_computed_tokens * costs_.recompute_s_per_token;
+}
+
 void Scheduler::preempt(Request* request, ScheduledBatch& batch) {
   remove_from_queues(request);
   remove_from_batch(request, batch);
-  blocks_->free(request->block_tables);
-  // Recompute, not swap: the prompt and the generated tokens are kept and re-prefilled later.
-  request->num_computed_tokens = 0;
+  if (should_swap(*request)) {
+    // The copies run before this step's forward, so the freed blocks are read before reuse.
+    blocks_->swap_out(request->block_tables, &request->swapped, &batch.block_copies);
+    ++batch.num_swapped_out;
+    ++num_swap_outs_;
+  } else {
+    // The prompt and the generated tokens are kept and re-prefilled later.
+    blocks_->free(request->block_tables);
+    request->num_computed_tokens = 0;
+  }
   request->status = RequestStatus::kWaiting;
   ++request->num_preemptions;
   ++num_preemptions_;
@@ -187,10 +220,15 @@ void Scheduler::preempt(Request* request, ScheduledBatch& batch) {
   batch.preempted.push_back(request);
 }
 
+void Scheduler::release(Request* request) {
+  blocks_->free(request->block_tables);
+  blocks_->free_swapped(request->swapped);
+}
+
 void Scheduler::finish_out_of_blocks(Request* request, ScheduledBatch& batch) {
   remove_from_queues(request);
   remove_from_batch(request, batch);
-  blocks_->free(request->block_tables);
+  release(request);
   request->status = RequestStatus::kFinished;
   request->finish_reason = FinishReason::kLength;
   batch.finished_out_of_blocks.push_back(request);
@@ -235,14 +273,14 @@ void Scheduler::finish(Request* request, FinishReason reason) {
   FANTAI_CHECK(request != nullptr, "Scheduler::finish: null request");
   if (request->finished()) return;  // e.g. already finished out of blocks: keep the first reason
   remove_from_queues(request);
-  blocks_->free(request->block_tables);
+  release(request);
   request->status = RequestStatus::kFinished;
   request->finish_reason = reason;
 }
 
 bool Scheduler::abort(Request* request) {
   if (request == nullptr || !remove_from_queues(request)) return false;
-  blocks_->free(request->block_tables);
+  release(request);
   request->status = RequestStatus::kFinished;
   request->finish_reason = FinishReason::kAbort;
   return true;

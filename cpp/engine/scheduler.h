@@ -1,8 +1,10 @@
-// engine: iteration-level (continuous) batching with chunked prefill and preemption by recompute.
+// engine: iteration-level (continuous) batching with chunked prefill and preemption by recompute
+// or by swapping to host memory.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -11,10 +13,26 @@
 
 namespace fantai::engine {
 
+// How a preempted sequence gives its blocks back. kRecompute drops its KV (recomputed on
+// re-admission); kSwap copies it to host swap slots when they have room (else recomputes);
+// kAuto swaps when the cost model says copying out and back is cheaper than recomputing.
+enum class PreemptionMode : uint8_t { kAuto = 0, kSwap = 1, kRecompute = 2 };
+
+// "auto", "swap", "recompute"; anything else is an InvalidArgument naming the choices.
+PreemptionMode preemption_mode_from_name(const std::string& name);
+
 struct SchedulerConfig {
   int32_t max_num_seqs = 256;             // running sequences per step
   int32_t max_num_batched_tokens = 2048;  // token budget per step (decodes + prefill chunks)
   bool enable_chunked_prefill = true;     // false: a prompt is admitted only when it fits whole
+  PreemptionMode preemption_mode = PreemptionMode::kAuto;  // swap needs BlockManager swap slots
+};
+
+// What kAuto weighs, in seconds; the engine keeps both current from measured steps. A swap costs
+// a copy out and a copy back of each live block; a recompute, prefill of every computed token.
+struct PreemptionCosts {
+  double swap_s_per_block = 0.0;
+  double recompute_s_per_token = 0.0;  // 0: not measured yet (recompute is then assumed free)
 };
 
 // One sequence's share of a step: tokens [start, start + num_new_tokens) of its token list.
@@ -31,6 +49,8 @@ struct ScheduledBatch {
   int32_t num_decode_tokens = 0;  // seqs that were already past their prompt
   int32_t num_prefill_tokens = 0;
   std::vector<Request*> preempted;  // moved back to the head of the waiting queue this step
+  int32_t num_swapped_out = 0;      // of those, swapped out (the rest will recompute)
+  int32_t num_swapped_in = 0;       // swapped requests admitted again this step
   // Running requests that could not grow even with every other request preempted (the pool is
   // smaller than one sequence): finished with FinishReason::kLength, blocks freed.
   std::vector<Request*> finished_out_of_blocks;
@@ -43,9 +63,11 @@ struct ScheduledBatch {
 // FCFS. Each schedule(): (1) every running request gets its next tokens (decode: 1; a partial
 // prefill: the rest of its prompt up to the budget), allocating blocks in every attention kind's
 // pool (a window kind first gives back what the chunk cannot see); when a pool is short the
-// most recently admitted running request is preempted (blocks freed, num_computed_tokens = 0, put
-// at the head of the waiting queue) until the allocation fits; (2) waiting requests are admitted
-// in order while budget, max_num_seqs and free blocks allow (chunked when the budget is short).
+// most recently admitted running request is preempted (put at the head of the waiting queue,
+// its blocks freed: by recompute, num_computed_tokens = 0; by swap, its KV copied to host swap
+// slots first and num_computed_tokens kept) until the allocation fits; (2) waiting requests are
+// admitted in order while budget, max_num_seqs and free blocks allow (chunked when the budget is
+// short; a swapped one gets fresh blocks and its KV copied back).
 // After the step, the engine calls on_step_done() to advance num_computed_tokens (registering
 // full blocks in the prefix cache, dropping window kinds' blocks the next query cannot see) and
 // finish().
@@ -69,11 +91,17 @@ class Scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  int64_t num_swap_outs() const { return num_swap_outs_; }
+  int64_t num_swap_ins() const { return num_swap_ins_; }
+  void set_preemption_costs(const PreemptionCosts& c) { costs_ = c; }
+  const PreemptionCosts& preemption_costs() const { return costs_; }
   const std::deque<Request*>& waiting() const { return waiting_; }
   const std::vector<Request*>& running() const { return running_; }
 
  private:
   void preempt(Request* request, ScheduledBatch& batch);
+  bool should_swap(const Request& request) const;
+  void release(Request* request);  // frees device blocks and swap slots
   // Helpers of schedule(); each keeps queues, tables and batch counters consistent.
   void schedule_running(ScheduledBatch& batch);
   void admit_waiting(ScheduledBatch& batch);
@@ -90,7 +118,8 @@ class Scheduler {
   BlockManager* blocks_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the back is preempted first
-  int64_t num_preemptions_ = 0;
+  int64_t num_preemptions_ = 0, num_swap_outs_ = 0, num_swap_ins_ = 0;
+  PreemptionCosts costs_;
   std::vector<int32_t> tokens_;  // scratch for cache keys
 };
 

@@ -7,16 +7,18 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "engine/model_runner.h"
 
 namespace fantai::engine {
 namespace {
 
-enum : int64_t { kOpStep = 1, kOpStop = 2, kOpRelease = 3 };
+enum : int64_t { kOpStep = 1, kOpStop = 2, kOpRelease = 3, kOpCopies = 4 };
 // op, num_tokens, num_seqs, max_blocks_per_seq, num_copies, max_query_len, max_context_len, bytes,
 // num_kv_kinds, num_logits
 constexpr int kHeader = 10;
-// num_kinds, block_size, kv dtype, fingerprint, then blocks per kind
-constexpr int kHandshake = 4 + model::kMaxKvKinds;
+// num_kinds, block_size, kv dtype, fingerprint, blocks per kind, then swap slots per kind
+constexpr int kHandshake = 5 + model::kMaxKvKinds;
+constexpr int kCopyInts = 4;  // kind, src, dst, where
 // Same checkpoint, dtype, quantization and config on every rank: the config's summary and the
 // bits of the (replicated) final norm.
 int64_t fingerprint(model::Model& m) {
@@ -37,23 +39,44 @@ void agree(Communicator& comm, bool ok, const std::string& what) {
 }
 
 // Each kind's slots first (8-byte aligned in the buffer), tokens and positions, the shared query
-// layout, each kind's block tables, then the block copies as (kind, src, dst).
+// layout, each kind's block tables, then the block copies as (kind, src, dst, where).
 size_t payload_bytes(const int64_t* h) {
   const int64_t n = h[1], seqs = h[2], blocks = h[3], copies = h[4], kinds = h[8], logits = h[9];
   return static_cast<size_t>(kinds * n) * sizeof(int64_t) +
-         static_cast<size_t>(2 * n + (seqs + 1) + seqs + kinds * seqs * blocks + 3 * copies + logits) *
+         static_cast<size_t>(2 * n + (seqs + 1) + seqs + kinds * seqs * blocks + kCopyInts * copies +
+                             logits) *
              sizeof(int32_t);
 }
 
 }  // namespace
 
+namespace {
+
+// The copies as kCopyInts int32 each, the wire's order.
+void put_copies(const std::vector<BlockCopy>& copies, std::vector<int32_t>* out) {
+  for (const BlockCopy& c : copies)
+    out->insert(out->end(), {c.kind, c.src, c.dst, static_cast<int32_t>(c.where)});
+}
+
+std::vector<BlockCopy> take_copies(const int32_t* t, int64_t n) {
+  std::vector<BlockCopy> copies(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i, t += kCopyInts) {
+    FANTAI_CHECK(t[3] >= BlockCopy::kInPool && t[3] <= BlockCopy::kFromSwap, "bad block copy from rank 0");
+    copies[i] = {t[0], t[1], t[2], static_cast<BlockCopy::Where>(t[3])};
+  }
+  return copies;
+}
+
+}  // namespace
+
 void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks, int32_t block_size,
-                         DType kv_dtype) {
+                         DType kv_dtype, int32_t swap_slots) {
   Communicator& comm = m.backend()->communicator();
   const int kinds = static_cast<int>(num_blocks.size());
   FANTAI_CHECK(kinds >= 1 && kinds <= model::kMaxKvKinds, "bad number of KV kinds " << kinds);
   int64_t hs[kHandshake] = {kinds, block_size, static_cast<int64_t>(kv_dtype), fingerprint(m)};
   for (int k = 0; k < kinds; ++k) hs[4 + k] = num_blocks[k];
+  hs[4 + model::kMaxKvKinds] = swap_slots;
   comm.broadcast(hs, sizeof hs, 0, true);  // idle: the other ranks may still be loading
   agree(comm, true, "model or options");
   comm.steps_owner().steps_state = Communicator::kStepsRunning;
@@ -94,12 +117,22 @@ void tp_send_step(model::Model& m, const model::ForwardBatch& fb,
                  "KV kinds with different table widths");
     put(fb.attn[k].block_tables, seqs * a.max_blocks_per_seq * sizeof(int32_t));
   }
-  for (const BlockCopy& c : block_copies) {
-    const int32_t t[3] = {c.kind, c.src, c.dst};
-    put(t, sizeof t);
-  }
+  std::vector<int32_t> copies;
+  put_copies(block_copies, &copies);
+  put(copies.data(), copies.size() * sizeof(int32_t));
   if (fb.num_logits > 0) put(fb.logits_indices, fb.num_logits * sizeof(int32_t));
   comm.broadcast(p.data(), static_cast<int64_t>(p.size()), 0);
+}
+
+// Copies alone: h[1] copies, h[7] their bytes.
+void tp_send_copies(model::Model& m, const std::vector<BlockCopy>& block_copies) {
+  Communicator& comm = m.backend()->communicator();
+  std::vector<int32_t> t;
+  put_copies(block_copies, &t);
+  const int64_t n = static_cast<int64_t>(block_copies.size());
+  int64_t h[kHeader] = {kOpCopies, n, 0, 0, 0, 0, 0, static_cast<int64_t>(t.size() * sizeof(int32_t)), 0, 0};
+  comm.broadcast(h, sizeof h, 0);
+  if (n > 0) comm.broadcast(t.data(), h[7], 0);
 }
 
 // A release: h[1] runs of (kind, first, count), h[7] their bytes.
@@ -136,6 +169,7 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
   const std::vector<int32_t> num_blocks(hs + 4, hs + 4 + hs[0]);
   model::KVCache cache(m->config(), num_blocks, static_cast<int32_t>(hs[1]), static_cast<DType>(hs[2]),
                        m->backend());
+  cache.reserve_swap(static_cast<int32_t>(hs[4 + model::kMaxKvKinds]), m->backend());
   std::string pools;
   for (int32_t b : num_blocks) pools += (pools.empty() ? "" : " + ") + std::to_string(b);
   FANTAI_LOG(kInfo, "tensor-parallel rank " << comm.rank() << " of " << comm.world_size() << ": KV pool "
@@ -155,6 +189,14 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
       if (h[1] > 0) comm.broadcast(runs.data(), h[7], 0);
       for (size_t i = 0; i + 2 < runs.size(); i += 3)
         cache.release_blocks(runs[i], runs[i + 1], runs[i + 2], m->backend());
+      continue;
+    }
+    if (h[0] == kOpCopies) {
+      FANTAI_CHECK(h[7] == h[1] * kCopyInts * static_cast<int64_t>(sizeof(int32_t)),
+                   "bad copies header from rank 0");
+      std::vector<int32_t> t(static_cast<size_t>(kCopyInts * h[1]));
+      if (h[1] > 0) comm.broadcast(t.data(), h[7], 0);
+      apply_block_copies(cache, take_copies(t.data(), h[1]), m->backend());
       continue;
     }
     FANTAI_CHECK(h[0] == kOpStep && h[7] == static_cast<int64_t>(payload_bytes(h)),
@@ -190,9 +232,8 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
       a.context_lens = context_lens;
       a.block_tables = reinterpret_cast<const int32_t*>(take(seqs * a.max_blocks_per_seq * sizeof(int32_t)));
     }
-    const int32_t* copies = reinterpret_cast<const int32_t*>(take(3 * h[4] * sizeof(int32_t)));
-    for (int64_t i = 0; i < h[4]; ++i)
-      cache.copy_block(copies[3 * i], copies[3 * i + 1], copies[3 * i + 2], m->backend());
+    const int32_t* copies = reinterpret_cast<const int32_t*>(take(kCopyInts * h[4] * sizeof(int32_t)));
+    apply_block_copies(cache, take_copies(copies, h[4]), m->backend());
     // The rows that sample: each rank computes its vocab slice of their logits (rank 0 gathers).
     fb.num_logits = static_cast<int32_t>(h[9]);
     fb.logits_indices = reinterpret_cast<const int32_t*>(take(h[9] * sizeof(int32_t)));

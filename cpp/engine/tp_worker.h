@@ -15,10 +15,13 @@ namespace fantai::engine {
 // heads) so block tables mean the same everywhere, and all ranks check they hold the same model
 // and options; a mismatch is refused on every rank.
 // num_blocks: one count per KV kind (KVCache::kind_windows order).
+// swap_slots: host swap slots per kind (each rank keeps its heads' share of every swapped block).
 void tp_handshake_leader(model::Model& m, const std::vector<int32_t>& num_blocks, int32_t block_size,
-                         DType kv_dtype);
+                         DType kv_dtype, int32_t swap_slots);
 // Rank 0, each step before its forward: the batch's metadata and the step's block copies.
 void tp_send_step(model::Model& m, const model::ForwardBatch& fb, const std::vector<BlockCopy>& block_copies);
+// Rank 0: block copies of a step without a forward.
+void tp_send_copies(model::Model& m, const std::vector<BlockCopy>& block_copies);
 // Rank 0, from Engine::release_memory: each rank returns the pages of the same KV block runs
 // (kind, first block, count) to the OS, as rank 0 just did with its share.
 void tp_send_release(model::Model& m, const std::vector<int32_t>& runs);

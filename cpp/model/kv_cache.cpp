@@ -106,6 +106,64 @@ size_t KVCache::resident_bytes() const {
   return pages * page;
 }
 
+KVCache::~KVCache() {
+  if (swap_ != nullptr) swap_backend_->free_host(swap_);
+}
+
+void KVCache::reserve_swap(int32_t slots, Backend* backend) {
+  FANTAI_REQUIRE(slots >= 0, "swap slots must be >= 0, got " << slots);
+  FANTAI_CHECK(swap_ == nullptr, "reserve_swap: swap space is already reserved");
+  swap_slots_ = slots;
+  swap_offset_.assign(layouts_.size(), 0);
+  size_t total = 0;
+  for (int k = 0; k < num_kinds(); ++k) {
+    swap_offset_[k] = total;
+    total += static_cast<size_t>(slots) * kind_layers_[k] * 2 * (block_bytes_ + block_scale_bytes_);
+  }
+  swap_bytes_ = total;
+  if (total == 0) return;
+  swap_ = backend->alloc_host(total);
+  swap_backend_ = backend;
+}
+
+char* KVCache::swap_slot(int kind, int32_t slot) const {
+  FANTAI_CHECK(slot >= 0 && slot < swap_slots_,
+               "swap slot " << slot << " outside [0, " << swap_slots_ << ")");
+  const size_t slot_bytes = static_cast<size_t>(kind_layers_[kind]) * 2 * (block_bytes_ + block_scale_bytes_);
+  return static_cast<char*>(swap_) + swap_offset_[kind] + static_cast<size_t>(slot) * slot_bytes;
+}
+
+template <typename F>
+void KVCache::for_each_piece(int kind, int32_t block, F&& f) const {
+  FANTAI_CHECK(block >= 0 && block < layouts_[kind].num_blocks, "KV block " << block << " outside the pool");
+  const KVLayout& L = layouts_[kind];
+  size_t at = 0;
+  for (int layer = 0; layer < num_layers_; ++layer) {
+    if (layer_kind_[layer] != kind) continue;
+    for (int which = 0; which < 2; ++which) {
+      char* base = static_cast<char*>(this->base(layer, which));
+      f(base + block * block_bytes_, at, block_bytes_);
+      at += block_bytes_;
+      if (block_scale_bytes_) {
+        f(base + L.scales_offset() + block * block_scale_bytes_, at, block_scale_bytes_);
+        at += block_scale_bytes_;
+      }
+    }
+  }
+}
+
+void KVCache::swap_out(int kind, int32_t block, int32_t slot, Backend* backend) {
+  char* host = swap_slot(kind, slot);
+  for_each_piece(kind, block,
+                 [&](char* dev, size_t at, size_t n) { backend->copy_to_host(host + at, dev, n); });
+}
+
+void KVCache::swap_in(int kind, int32_t slot, int32_t block, Backend* backend) {
+  const char* host = swap_slot(kind, slot);
+  for_each_piece(kind, block,
+                 [&](char* dev, size_t at, size_t n) { backend->copy_from_host(dev, host + at, n); });
+}
+
 void KVCache::release_blocks(int kind, int32_t first, int32_t count, Backend* backend) {
   const KVLayout& L = layouts_[kind];
   for (int layer = 0; layer < num_layers_; ++layer) {

@@ -25,6 +25,9 @@ class KVCache {
   KVCache(const ModelConfig& config, const std::vector<int32_t>& num_blocks, int32_t block_size, DType dtype,
           Backend* backend);
   KVCache(const ModelConfig& config, int32_t num_blocks, int32_t block_size, DType dtype, Backend* backend);
+  ~KVCache();  // frees the swap space
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
 
   // The model's attention kinds: the distinct layer windows, full attention (0) first, then the
   // windows ascending. Kind k holds the layers whose window is kind_windows(config)[k].
@@ -44,6 +47,14 @@ class KVCache {
   size_t bytes() const { return buffer_.bytes(); }
   // Copies one block's K and V in every layer of `kind` (copy-on-write after a fork).
   void copy_block(int kind, int32_t src, int32_t dst, Backend* backend);
+  // Host swap space: `slots` swap slots per kind, each holding one block of the kind's layers
+  // (K, V and int8 scales, layer after layer). Set once; 0 slots: none.
+  void reserve_swap(int32_t slots, Backend* backend);
+  int32_t swap_slots() const { return swap_slots_; }
+  size_t swap_bytes() const { return swap_bytes_; }
+  // Block `block` of `kind` to swap slot `slot`, and back (into any block of the kind).
+  void swap_out(int kind, int32_t block, int32_t slot, Backend* backend);
+  void swap_in(int kind, int32_t slot, int32_t block, Backend* backend);
   // Bytes of the pool backed by physical memory right now (mincore; 0 where unsupported).
   size_t resident_bytes() const;
   // Returns the pages of blocks [first, first + count) of `kind` in its layers to the OS.
@@ -53,6 +64,10 @@ class KVCache {
   void* base(int layer, int which) const {
     return buffer_.as<char>() + layer_offset_[layer] + which * layer_bytes_[layer_kind_[layer]];
   }
+  char* swap_slot(int kind, int32_t slot) const;
+  // Calls f(device bytes, slot offset, bytes) for each piece of block `block` of `kind`.
+  template <typename F>
+  void for_each_piece(int kind, int32_t block, F&& f) const;
 
   std::vector<KVLayout> layouts_;     // per kind
   std::vector<int32_t> windows_;      // per kind
@@ -64,6 +79,11 @@ class KVCache {
   size_t block_scale_bytes_ = 0;      // its int8 scales (0 for float types)
   int32_t num_layers_ = 0;
   Buffer buffer_;
+  int32_t swap_slots_ = 0;
+  size_t swap_bytes_ = 0;
+  std::vector<size_t> swap_offset_;  // per kind: where its slots start
+  void* swap_ = nullptr;
+  Backend* swap_backend_ = nullptr;
 };
 
 }  // namespace fantai::model

@@ -77,10 +77,12 @@ struct Harness {
   }
 
   void check() const {
-    bm.check_invariants(live_tables());
+    std::vector<const SwappedTables*> swapped;
+    for (const auto& r : reqs) swapped.push_back(&r->swapped);
+    bm.check_invariants(live_tables(), &swapped);
     for (const Request* r : sched.waiting()) {
       EXPECT_TRUE(r->block_tables.empty());
-      EXPECT_EQ(r->num_computed_tokens, 0);
+      EXPECT_EQ(r->num_computed_tokens, r->swapped.num_tokens());  // 0 unless swapped
     }
   }
 };
@@ -341,6 +343,108 @@ TEST(Scheduler, PreemptsMostRecentAdmissionAndResumesItFirst) {
   EXPECT_EQ(h.bm.num_free_blocks(), 6);
 }
 
+TEST(Scheduler, SwapPreemptionKeepsTheComputedTokensAndCopiesTheBlocksBack) {
+  // PreemptsMostRecentAdmissionAndResumesItFirst's pool, with 4 swap slots and swap forced.
+  SchedulerConfig cfg = config(8, 64);
+  cfg.preemption_mode = PreemptionMode::kSwap;
+  Harness h(6, 2, cfg);
+  h.bm.set_swap_slots(4);
+  Request* a = h.add(3, 10);
+  h.add(3, 10);
+  Request* c = h.add(3, 10);
+  h.step();
+  h.step();
+  const std::vector<int32_t> c_blocks = c->block_tables.kinds[0].blocks;
+  ScheduledBatch batch = h.step();  // a preempts c, which is swapped out, not dropped
+  ASSERT_EQ(batch.preempted.size(), 1u);
+  EXPECT_EQ(batch.num_swapped_out, 1);
+  EXPECT_EQ(c->num_computed_tokens, 4);  // prompt + first output; the second is fed next
+  ASSERT_EQ(c->swapped.kinds.size(), 1u);
+  EXPECT_EQ(c->swapped.kinds[0].slots.size(), 2u);
+  EXPECT_EQ(h.bm.num_free_swap_slots(), 2);
+  // c's blocks go to the slots before a and b write into them (the copies lead the list).
+  ASSERT_GE(batch.block_copies.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(batch.block_copies[i].where, BlockCopy::kToSwap);
+    EXPECT_EQ(batch.block_copies[i].src, c_blocks[i]);
+    EXPECT_EQ(batch.block_copies[i].dst, c->swapped.kinds[0].slots[i]);
+  }
+  const std::vector<int32_t> slots = c->swapped.kinds[0].slots;
+  h.sched.finish(a, FinishReason::kStop);
+  batch = h.step();  // c comes back with its 4 tokens' KV and feeds its 5th token only
+  const ScheduledSeq* s = find_seq(batch, c);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->start, 4);
+  EXPECT_EQ(s->num_new_tokens, 1);
+  EXPECT_EQ(batch.num_swapped_in, 1);
+  EXPECT_TRUE(c->swapped.empty());
+  int from_swap = 0;
+  for (const BlockCopy& bc : batch.block_copies) {
+    if (bc.where != BlockCopy::kFromSwap) continue;
+    EXPECT_EQ(bc.src, slots[from_swap]);
+    EXPECT_EQ(bc.dst, c->block_tables.kinds[0].blocks[from_swap]);
+    ++from_swap;
+  }
+  EXPECT_EQ(from_swap, 2);
+  EXPECT_EQ(h.sched.num_swap_outs(), 1);
+  EXPECT_EQ(h.sched.num_swap_ins(), 1);
+  h.run_to_completion();
+  for (size_t i = 0; i < c->output.size(); ++i) EXPECT_EQ(c->output[i], fake_token(c->id, i));
+  EXPECT_EQ(h.bm.num_free_blocks(), 6);
+  EXPECT_EQ(h.bm.num_free_swap_slots(), 4);
+}
+
+TEST(Scheduler, SwapNeedsRoomAndAutoFollowsTheCosts) {
+  struct Case {
+    PreemptionMode mode;
+    int32_t slots;
+    PreemptionCosts costs;
+    bool swapped;
+  };
+  const Case cases[] = {
+      {PreemptionMode::kSwap, 1, {}, false},            // 2 blocks, 1 slot: recompute
+      {PreemptionMode::kRecompute, 8, {}, false},       // never swaps
+      {PreemptionMode::kAuto, 8, {1e-3, 1e-6}, false},  // copying costs more than 4 tokens
+      {PreemptionMode::kAuto, 8, {1e-6, 1e-3}, true},   // recomputing costs more
+      {PreemptionMode::kAuto, 8, {1e-6, 0.0}, false},   // no prefill measured yet
+  };
+  for (const Case& k : cases) {
+    SchedulerConfig cfg = config(8, 64);
+    cfg.preemption_mode = k.mode;
+    Harness h(6, 2, cfg);
+    h.bm.set_swap_slots(k.slots);
+    h.sched.set_preemption_costs(k.costs);
+    for (int i = 0; i < 3; ++i) h.add(3, 10);
+    h.step();
+    h.step();
+    const ScheduledBatch batch = h.step();
+    ASSERT_EQ(batch.preempted.size(), 1u);
+    Request* c = batch.preempted[0];
+    EXPECT_EQ(batch.num_swapped_out, k.swapped ? 1 : 0) << static_cast<int>(k.mode) << " " << k.slots;
+    EXPECT_EQ(c->num_computed_tokens, k.swapped ? 4 : 0);
+    EXPECT_EQ(c->swapped.empty(), !k.swapped);
+    h.run_to_completion();
+    EXPECT_EQ(h.bm.num_free_swap_slots(), h.bm.num_swap_slots());
+  }
+}
+
+TEST(Scheduler, AbortingASwappedRequestFreesItsSlots) {
+  SchedulerConfig cfg = config(8, 64);
+  cfg.preemption_mode = PreemptionMode::kSwap;
+  Harness h(6, 2, cfg);
+  h.bm.set_swap_slots(4);
+  for (int i = 0; i < 3; ++i) h.add(3, 10);
+  h.step();
+  h.step();
+  const ScheduledBatch batch = h.step();
+  ASSERT_EQ(batch.num_swapped_out, 1);
+  EXPECT_EQ(h.bm.num_free_swap_slots(), 2);
+  EXPECT_TRUE(h.sched.abort(batch.preempted[0]));
+  EXPECT_EQ(h.bm.num_free_swap_slots(), 4);
+  EXPECT_TRUE(batch.preempted[0]->swapped.empty());
+  h.run_to_completion();
+}
+
 TEST(Scheduler, SeveralPreemptionsKeepAdmissionOrderInTheQueue) {
   // 4 blocks of 2: a (1 block) grows while b, c, d (1 block each) hold the rest.
   Harness h(4, 2, config(8, 64));
@@ -563,9 +667,22 @@ class SchedulerFuzz {
       bm_ = std::make_unique<BlockManager>(
           std::vector<BlockPoolSpec>{{pick(blocks), 0}, {pick(blocks), window_}}, bs, rng_() % 3 == 0);
     } else {
-      bm_ = std::make_unique<BlockManager>(pick(blocks), pick(sizes));
+      bm_ = std::make_unique<BlockManager>(pick(blocks), pick(sizes), rng_() % 3 == 0);
+    }
+    // Swap space in half the runs (a few slots to many), under every preemption mode; kAuto's
+    // costs are drawn too, so both of its answers come up.
+    if (rng_() % 2 == 0) {
+      const int32_t slots[] = {1, 2, 4, 16, 256};
+      bm_->set_swap_slots(pick(slots));
+      cfg_.preemption_mode = static_cast<PreemptionMode>(rng_() % 3);
     }
     sched_ = std::make_unique<Scheduler>(cfg_, bm_.get());
+    sched_->set_preemption_costs({1e-6 * (rng_() % 100), 1e-6 * (rng_() % 20)});
+    for (int k = 0; k < bm_->num_kinds(); ++k) {
+      kv_.emplace_back(static_cast<size_t>(bm_->pool(k).num_blocks()) * bm_->block_size(), -1);
+      swap_.emplace_back(static_cast<size_t>(bm_->num_swap_slots() / bm_->num_kinds()) * bm_->block_size(),
+                         -1);
+    }
     num_requests_ = 20 + static_cast<int>(rng_() % 60);
     // Half the runs never abort: aborts would also end a livelocked request and hide the bug.
     abort_percent_ = seed % 2 == 0 ? 0 : 3;
@@ -587,11 +704,15 @@ class SchedulerFuzz {
 
   // What this run exercised, so the test can insist the hard paths were actually taken.
   struct Coverage {
-    int64_t preemptions = 0, out_of_blocks = 0, aborts = 0, stops = 0, chunked = 0;
+    int64_t preemptions = 0, out_of_blocks = 0, aborts = 0, stops = 0, chunked = 0, swap_ins = 0;
   };
   Coverage coverage() const {
-    return {sched_->num_preemptions(), static_cast<int64_t>(out_of_blocks_.size()),
-            static_cast<int64_t>(aborted_.size()), static_cast<int64_t>(stopped_.size()), chunks_};
+    return {sched_->num_preemptions(),
+            static_cast<int64_t>(out_of_blocks_.size()),
+            static_cast<int64_t>(aborted_.size()),
+            static_cast<int64_t>(stopped_.size()),
+            chunks_,
+            sched_->num_swap_ins()};
   }
 
  private:
@@ -626,6 +747,8 @@ class SchedulerFuzz {
     }
     check_batch(batch);
     check_queues_after_schedule(batch, before);
+    run_on_fake_kv(batch);
+    if (::testing::Test::HasFatalFailure()) return;
     if (chance(abort_percent_) && !batch.seqs.empty()) {  // abort while the step is "on the device"
       Request* r = batch.seqs[rng_() % batch.seqs.size()].request;
       ASSERT_TRUE(sched_->abort(r));
@@ -650,6 +773,38 @@ class SchedulerFuzz {
     const bool was_live = !r->finished();
     ASSERT_EQ(sched_->abort(r), was_live) << where();
     if (was_live) aborted_.insert(r);
+  }
+
+  // The KV the model would read and write, as the token each slot holds: the step's copies in
+  // list order (in the pool, to swap, from swap), then every scheduled sequence must find its
+  // earlier tokens in the slots its tables name (where its queries can see them), then the
+  // "forward" writes the chunk's tokens. So a swap, a copy-on-write or a prefix hit that served
+  // the wrong KV fails here.
+  void run_on_fake_kv(const ScheduledBatch& b) {
+    const int32_t bs = bm_->block_size();
+    auto copy = [bs](const std::vector<int32_t>& from, int32_t src, std::vector<int32_t>& to, int32_t dst) {
+      std::copy_n(from.begin() + int64_t{src} * bs, bs, to.begin() + int64_t{dst} * bs);
+    };
+    for (const BlockCopy& c : b.block_copies) {
+      if (c.where == BlockCopy::kInPool) copy(kv_[c.kind], c.src, kv_[c.kind], c.dst);
+      if (c.where == BlockCopy::kToSwap) copy(kv_[c.kind], c.src, swap_[c.kind], c.dst);
+      if (c.where == BlockCopy::kFromSwap) copy(swap_[c.kind], c.src, kv_[c.kind], c.dst);
+    }
+    for (const ScheduledSeq& s : b.seqs) {
+      const Request* r = s.request;
+      for (int k = 0; k < bm_->num_kinds(); ++k) {
+        const BlockTable& t = r->block_tables.kinds[k];
+        const int32_t first = bm_->first_needed_block(k, s.start) * bs;
+        for (int32_t p = first; p < s.start; ++p) {
+          const int32_t blk = t.blocks[p / bs];
+          ASSERT_GE(blk, 0) << where() << "request " << r->id << " position " << p << " was dropped";
+          ASSERT_EQ(kv_[k][int64_t{blk} * bs + p % bs], r->token_at(p))
+              << where() << "request " << r->id << " kind " << k << " position " << p << " of " << s.start;
+        }
+        for (int32_t p = s.start; p < s.start + s.num_new_tokens; ++p)
+          kv_[k][int64_t{t.blocks[p / bs]} * bs + p % bs] = r->token_at(p);
+      }
+    }
   }
 
   // The fake engine: one token per sampled chunk; finish at max_tokens or, rarely, on "EOS".
@@ -713,9 +868,12 @@ class SchedulerFuzz {
       admit_seq_[i] = ++next_admit_;
       const ScheduledSeq* s = find_seq(b, r);
       ASSERT_NE(s, nullptr) << where();
-      // From 0, or (prefix caching) after the whole blocks found cached.
-      ASSERT_EQ(s->start % bm_->block_size(), 0) << where();
-      ASSERT_TRUE(s->start == 0 || bm_->prefix_caching()) << where();
+      // From 0, or (prefix caching) after the whole blocks found cached, or where a swapped
+      // sequence left off.
+      if (!swapped_before_.count(r)) {
+        ASSERT_EQ(s->start % bm_->block_size(), 0) << where();
+        ASSERT_TRUE(s->start == 0 || bm_->prefix_caching()) << where();
+      }
       const int32_t whole = r->num_tokens() - s->start;
       if (!cfg_.enable_chunked_prefill && whole <= cfg_.max_num_batched_tokens) {
         ASSERT_EQ(s->num_new_tokens, whole) << where() << "prompt chunked with chunking off";
@@ -728,6 +886,9 @@ class SchedulerFuzz {
       ASSERT_EQ(before[p->id], RequestStatus::kRunning) << where();
       ASSERT_EQ(waiting[b.preempted.size() - 1 - k], p) << where() << "preempted not at the head";
       ASSERT_TRUE(p->block_tables.empty()) << where();
+      if (cfg_.preemption_mode == PreemptionMode::kRecompute || bm_->num_swap_slots() == 0) {
+        ASSERT_TRUE(p->swapped.empty()) << where() << "swapped without swap space";
+      }
       for (const Request* r : sched_->running()) {  // victims are the most recent admissions
         ASSERT_GT(admit_seq_[p->id], admit_seq_[r->id]) << where();
       }
@@ -736,9 +897,14 @@ class SchedulerFuzz {
 
   void check_state() {
     std::vector<const BlockTables*> tables;
+    std::vector<const SwappedTables*> swapped;
     int64_t used = 0;
     for (const auto& r : reqs_) tables.push_back(&r->block_tables);
-    ASSERT_NO_THROW(bm_->check_invariants(tables)) << where();
+    for (const auto& r : reqs_) swapped.push_back(&r->swapped);
+    ASSERT_NO_THROW(bm_->check_invariants(tables, &swapped)) << where();
+    swapped_before_.clear();
+    for (const Request* r : sched_->waiting())
+      if (!r->swapped.empty()) swapped_before_.insert(r);
     std::set<const Request*> queued(sched_->waiting().begin(), sched_->waiting().end());
     ASSERT_EQ(queued.size(), sched_->num_waiting()) << where();
     ASSERT_LE(static_cast<int32_t>(sched_->num_running()), cfg_.max_num_seqs) << where();
@@ -763,8 +929,10 @@ class SchedulerFuzz {
     for (const auto& r : reqs_) {  // no request lost: each is queued xor finished
       ASSERT_NE(queued.count(r.get()) != 0, r->finished()) << where() << "request " << r->id;
       if (r->status == RequestStatus::kWaiting) {
-        ASSERT_EQ(r->num_computed_tokens, 0) << where();
+        ASSERT_EQ(r->num_computed_tokens, r->swapped.num_tokens()) << where();
         ASSERT_TRUE(r->block_tables.empty()) << where();
+      } else {
+        ASSERT_TRUE(r->swapped.empty()) << where() << "request " << r->id << " holds swap slots";
       }
     }
   }
@@ -789,6 +957,7 @@ class SchedulerFuzz {
     }
     ASSERT_EQ(bm_->num_free_blocks(), bm_->num_blocks()) << where();
     ASSERT_EQ(bm_->used_slots(), 0) << where();
+    ASSERT_EQ(bm_->num_free_swap_slots(), bm_->num_swap_slots()) << where();
   }
 
   uint64_t seed_;
@@ -804,6 +973,8 @@ class SchedulerFuzz {
   uint64_t next_admit_ = 0;
   int64_t chunks_ = 0;  // first chunks of a split prefill
   std::set<const Request*> aborted_, stopped_, out_of_blocks_;
+  std::set<const Request*> swapped_before_;      // waiting with swapped KV before this schedule()
+  std::vector<std::vector<int32_t>> kv_, swap_;  // per kind: the token each slot holds
 };
 
 TEST(SchedulerRandomized, InvariantsHoldAcrossManyConfigs) {
@@ -819,6 +990,7 @@ TEST(SchedulerRandomized, InvariantsHoldAcrossManyConfigs) {
     sum.aborts += c.aborts;
     sum.stops += c.stops;
     sum.chunked += c.chunked;
+    sum.swap_ins += c.swap_ins;
   }
   EXPECT_GT(total_steps, 5000);
   EXPECT_GT(sum.preemptions, 100);
@@ -826,27 +998,31 @@ TEST(SchedulerRandomized, InvariantsHoldAcrossManyConfigs) {
   EXPECT_GT(sum.aborts, 100);
   EXPECT_GT(sum.stops, 10);
   EXPECT_GT(sum.chunked, 100);
+  EXPECT_GT(sum.swap_ins, 100);
   std::printf(
       "randomized: %lld steps, %lld preemptions, %lld out of blocks, %lld aborts, %lld stops, "
-      "%lld split prefills\n",
+      "%lld split prefills, %lld swap-ins\n",
       static_cast<long long>(total_steps), static_cast<long long>(sum.preemptions),
       static_cast<long long>(sum.out_of_blocks), static_cast<long long>(sum.aborts),
-      static_cast<long long>(sum.stops), static_cast<long long>(sum.chunked));
+      static_cast<long long>(sum.stops), static_cast<long long>(sum.chunked),
+      static_cast<long long>(sum.swap_ins));
 }
 
 // The same rules with a window kind beside the full one (and prefix caching in a third of the
 // runs): every kind all or nothing, the window pool only ever holding what the next query sees.
 TEST(SchedulerRandomized, InvariantsHoldWithAWindowKind) {
-  int64_t total_steps = 0, preemptions = 0, out_of_blocks = 0;
+  int64_t total_steps = 0, preemptions = 0, out_of_blocks = 0, swap_ins = 0;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     SchedulerFuzz fuzz(seed, /*windows=*/true);
     total_steps += fuzz.run();
     if (HasFailure()) break;
     preemptions += fuzz.coverage().preemptions;
     out_of_blocks += fuzz.coverage().out_of_blocks;
+    swap_ins += fuzz.coverage().swap_ins;
   }
   EXPECT_GT(total_steps, 3000);
   EXPECT_GT(preemptions, 50);
+  EXPECT_GT(swap_ins, 20);
   EXPECT_GT(out_of_blocks, 5);
 }
 

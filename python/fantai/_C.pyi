@@ -49,6 +49,8 @@ class EngineConfig:
     kv_cache_dtype: str
     enable_prefix_caching: bool
     release_keep_cached_blocks: int
+    swap_space_bytes: int
+    preemption_mode: str
     def __init__(self) -> None: ...
 
 class Model:

@@ -28,6 +28,7 @@ _DTYPE_ALIASES = {"f32": "float32", "float": "float32", "F32": "float32", "f16":
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 MATMUL_PRECISIONS = ("float32", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "int4")
+PREEMPTION_MODES = ("auto", "swap", "recompute")
 # Past this share of free memory the KV pool starves the weights, the OS and the engine's own
 # scratch buffers; vLLM's gpu_memory_utilization tops out near here in practice too.
 MAX_MEMORY_UTILIZATION = 0.95
@@ -82,6 +83,26 @@ def _positive_size(value: Any) -> int:
     if n <= 0:
         raise ValueError(f"must be positive, got {value!r}")
     return n
+
+
+def swap_space_bytes(value: int | float | str) -> int:
+    """Bytes of swap space: a plain number (or numeric string) is GiB, vLLM's --swap-space
+    unit; a string with a K/M/G/T suffix is that size."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return parse_size(value)
+    if not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"must be >= 0 GiB or a size such as 512M, got {value!r}")
+    return int(value * (1 << 30))
+
+
+def _swap_space(value: Any) -> Any:
+    swap_space_bytes(value)  # validates; the field keeps what was given, so a re-check reads it alike
+    return value
 
 
 def _memory_utilization(value: Any) -> float:
@@ -161,6 +182,16 @@ class EngineArgs:
         check=_int_at_least(1), parse=int, metavar="BLOCKS")
     enable_prefix_caching: bool = _option(
         True, "reuse the KV of cached prompt prefixes")
+    swap_space: float | str = _option(
+        0, "host memory for the KV of preempted sequences, so they resume without recomputing: "
+           "GiB as a plain number, as vLLM's --swap-space (e.g. 4), or a size with a K/M/G/T "
+           "suffix (512M); pinned on a GPU (default: %(default)s, preemption recomputes)",
+        check=_swap_space, metavar="GIB")
+    preemption_mode: str = _option(
+        "auto", "how a preempted sequence gives its KV blocks back when there is swap space: auto "
+                "(swap when copying out and back measures cheaper than recomputing), swap, or "
+                "recompute (default: %(default)s)",
+        check=_choice(PREEMPTION_MODES), choices=PREEMPTION_MODES)
     kv_cache_dtype: str = _option(
         "auto", "KV cache element type (default: %(default)s: float32 for float32 weights, else "
                 "bfloat16; int8 stores int8 values with a float32 scale per token and KV head)",
@@ -247,6 +278,8 @@ class EngineArgs:
         c.num_blocks = self.num_kv_blocks or 0
         c.kv_cache_bytes = self.kv_bytes(device_free_bytes)
         c.enable_prefix_caching = self.enable_prefix_caching
+        c.swap_space_bytes = swap_space_bytes(self.swap_space)
+        c.preemption_mode = self.preemption_mode
         c.kv_cache_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, model_dtype)
         return c
 

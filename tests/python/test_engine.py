@@ -68,6 +68,102 @@ def test_preemption_keeps_every_request_and_its_tokens(model_dir: Path, llm: LLM
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
+SEEDED = [SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=40, ignore_eos=True) for i in range(8)]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "int8"])
+def test_swap_preemption_resumes_without_recomputing(model_dir: Path, kv_cache_dtype: str) -> None:
+    """Preempted sequences swapped to host memory come back with their KV: the same greedy and
+    seeded tokens as a pool that never preempts, and no prompt token computed twice (a recompute
+    run computes more). int8 KV swaps its per-token scales with the values."""
+    prompts = random_prompts(8, 320, [30, 20, 41], seed=5)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ample = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, kv_cache_dtype=kv_cache_dtype)
+    want = [tokens(ample.generate(prompts, p, use_tqdm=False)) for p in (greedy, SEEDED)]
+    runs = {}
+    for mode in ("swap", "recompute"):
+        # Prefix caching off, so every prefilled token is counted (no hits to subtract).
+        tight = LLM(str(model_dir), dtype="float32", num_kv_blocks=10, kv_cache_dtype=kv_cache_dtype,
+                    swap_space="4M", preemption_mode=mode, enable_prefix_caching=False)
+        got = [tokens(tight.generate(prompts, p, use_tqdm=False)) for p in (greedy, SEEDED)]
+        assert got == want, mode
+        runs[mode] = tight.stats()
+    swap, recompute = runs["swap"], runs["recompute"]
+    assert swap["num_preemptions"] > 0 and swap["num_swap_outs"] == swap["num_preemptions"], swap
+    assert swap["num_swap_ins"] == swap["num_swap_outs"]
+    assert swap["prompt_tokens"] == 2 * sum(len(p) for p in prompts)  # once per prompt and run
+    assert recompute["num_swap_outs"] == 0 and recompute["prompt_tokens"] > swap["prompt_tokens"]
+    assert swap["num_free_swap_slots"] == swap["num_swap_slots"] > 0 and swap["num_swapped"] == 0
+    assert swap["num_free_blocks"] == swap["num_total_blocks"]
+
+
+def test_swap_space_too_small_falls_back_to_recompute(model_dir: Path) -> None:
+    prompts = random_prompts(8, 320, [30, 20, 41], seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ample = LLM(str(model_dir), dtype="float32", num_kv_blocks=512)
+    per_block = ample.stats()["bytes_per_block"]
+    tight = LLM(str(model_dir), dtype="float32", num_kv_blocks=10, swap_space=f"{3 * per_block}B",
+                preemption_mode="swap")
+    assert tight.stats()["num_swap_slots"] == 3
+    assert tokens(tight.generate(prompts, params, use_tqdm=False)) == tokens(
+        ample.generate(prompts, params, use_tqdm=False))
+    stats = tight.stats()
+    # A victim of more than 3 blocks cannot be swapped: those preemptions recompute.
+    assert 0 < stats["num_swap_outs"] < stats["num_preemptions"], stats
+    assert stats["num_free_swap_slots"] == 3 and stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_auto_preemption_keeps_every_token(model_dir: Path) -> None:
+    """auto picks swap or recompute per victim from measured costs; either way nothing is lost."""
+    prompts = random_prompts(8, 320, [30, 20, 41], seed=6)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ample = LLM(str(model_dir), dtype="float32", num_kv_blocks=512)
+    tight = LLM(str(model_dir), dtype="float32", num_kv_blocks=10, swap_space=0.01)
+    assert tokens(tight.generate(prompts, params, use_tqdm=False)) == tokens(
+        ample.generate(prompts, params, use_tqdm=False))
+    stats = tight.stats()
+    assert stats["num_preemptions"] > 0 and stats["num_swap_ins"] == stats["num_swap_outs"]
+    assert stats["num_free_swap_slots"] == stats["num_swap_slots"] > 0
+
+
+def test_aborting_a_swapped_request_frees_its_swap_slots(model_dir: Path) -> None:
+    model = LLM(str(model_dir), dtype="float32", num_kv_blocks=10, swap_space="4M", preemption_mode="swap")
+    engine = model.engine
+    p = _C.SamplingParams()
+    p.temperature, p.max_tokens, p.ignore_eos = 0.0, 60, True
+    for i, prompt in enumerate(random_prompts(6, 320, [30, 20, 41], seed=7)):
+        engine.add_request(i, prompt, p)
+    swapped = []
+    for _ in range(200):
+        engine.step()
+        swapped = [r["id"] for r in engine.snapshot()["requests"] if r["status"] == "swapped"]
+        if swapped:
+            break
+    assert swapped, "no request was swapped out"
+    held = engine.stats()["num_swap_slots"] - engine.stats()["num_free_swap_slots"]
+    assert held > 0 and engine.stats()["num_swapped"] == len(swapped)
+    assert engine.abort_request(swapped[0])
+    assert engine.stats()["num_swap_slots"] - engine.stats()["num_free_swap_slots"] < held
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats()
+    assert stats["num_free_swap_slots"] == stats["num_swap_slots"]
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_swap_options_are_checked(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="needs swap space"):
+        LLM(str(model_dir), dtype="float32", num_kv_blocks=10, preemption_mode="swap")
+    with pytest.raises(ValueError, match="smaller than one KV block"):
+        LLM(str(model_dir), dtype="float32", num_kv_blocks=10, swap_space="100B")
+    with pytest.raises(ValueError, match="host memory"):
+        LLM(str(model_dir), dtype="float32", num_kv_blocks=10, swap_space=1 << 20)  # 1 PiB
+    with pytest.raises(ValueError, match="swap_space"):
+        LLM(str(model_dir), dtype="float32", num_kv_blocks=10, swap_space=-1)
+    with pytest.raises(ValueError, match="preemption_mode"):
+        LLM(str(model_dir), dtype="float32", num_kv_blocks=10, preemption_mode="sometimes")
+
+
 def test_sequence_larger_than_the_pool_finishes_with_length(model_dir: Path) -> None:
     small = LLM(str(model_dir), dtype="float32", num_kv_blocks=2, block_size=8)  # 16 slots
     out = small.generate([[7] * 10], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)

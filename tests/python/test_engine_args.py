@@ -57,7 +57,7 @@ CLI_VALUES = {
     "block_size": ("8", 8), "seed": ("11", 11), "threads": ("1", 1), "num_kv_blocks": ("40", 40),
     "kv_cache_dtype": ("int8", "int8"), "device": ("cpu", "cpu"), "quantization": ("int8", "int8"),
     "matmul_precision": ("bfloat16", "bfloat16"), "chat_template": ("{{ x }}", "{{ x }}"),
-    "tensor_parallel_size": ("2", 2),
+    "tensor_parallel_size": ("2", 2), "swap_space": ("512M", "512M"), "preemption_mode": ("swap", "swap"),
 }
 BOOL_FLAGS = {"enable_chunked_prefill": False, "enable_prefix_caching": False, "dequantize": True}
 
@@ -84,9 +84,24 @@ def test_cli_round_trips_to_engine_config(model_dir: Path) -> None:
         11, 40, 3 << 20, "int8")
     assert not config.enable_chunked_prefill and not config.enable_prefix_caching
     assert list(config.eos_token_ids) == [2, 5]
+    assert (config.swap_space_bytes, config.preemption_mode) == (512 << 20, "swap")
     # Defaults on both paths are the same object's defaults.
     plain = ["generate", "--prompt", "w1"]
     assert EngineArgs.from_cli_args(build_parser(plain).parse_args(plain)) == EngineArgs()
+
+
+@pytest.mark.parametrize("value, expected", [
+    (4, 4 << 30), (0.5, 1 << 29), ("1.5", int(1.5 * (1 << 30))), ("512M", 512 << 20), ("64KiB", 64 << 10),
+    (0, 0), ("0", 0),
+])
+def test_swap_space_is_gib_like_vllm_unless_a_suffix_says_otherwise(value: object, expected: int) -> None:
+    assert EngineArgs(swap_space=value).core_config([2]).swap_space_bytes == expected
+
+
+@pytest.mark.parametrize("value", [-1, "-2", "lots", True])
+def test_swap_space_rejects(value: object) -> None:
+    with pytest.raises(ValueError, match="swap_space"):
+        EngineArgs(swap_space=value)
 
 
 # The fields only the server's engine has, as `fantai serve` flags and their values.

@@ -140,3 +140,34 @@ def test_cli_generate_and_chat_one_shot(model_dir: Path) -> None:
     generated = run("generate", "--prompt", "hello alpha", "--max-tokens", "3")
     assert generated == cycle_text(" alpha", 3)
     assert run("chat", "--message", "Hi") == "".join(TEXT_CHAIN)
+
+
+def test_served_swap_preemption_keeps_every_reply(model_dir: Path, tmp_path: Path) -> None:
+    """A KV pool too small for the clients: preempted requests are swapped to host memory and
+    resume; every reply equals the same request served alone, and the swap space drains. n = 4
+    per request makes the sequences grow in step, so the 12-block pool must preempt."""
+    srv = start_server([str(model_dir), "--num-kv-blocks", "12", "--swap-space", "4M", "--preemption-mode",
+                        "swap", "--threads", "1", "--max-model-len", "512"], tmp_path / "log.txt")
+    try:
+        def complete(prompt: str, n: int) -> list[str]:
+            body = {"model": str(model_dir), "prompt": prompt, "max_tokens": 80, "temperature": 0,
+                    "ignore_eos": True, "n": n}
+            r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+
+        prompts = ["hello alpha", "hello beta gamma"]
+        alone = {p: complete(p, 1)[0] for p in prompts}
+        got: dict[str, list[str]] = {}
+        threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, complete(p, 4))) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert got == {p: [alone[p]] * 4 for p in prompts}
+        m = metric_values(httpx.get(f"{srv.base_url}/metrics").text)
+        assert m["fantai_num_swap_outs_total"] > 0, {k: v for k, v in m.items() if "swap" in k or "preempt" in k}
+        assert m["fantai_num_requests_swapped"] == 0 and m["fantai_cpu_cache_usage_perc"] == 0
+        assert m["fantai_kv_cache_blocks_used"] == 0
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]

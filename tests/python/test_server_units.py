@@ -139,7 +139,8 @@ def test_metrics_text() -> None:
     kinds = [{"kind": "full", "num_used_blocks": 3, "num_total_blocks": 6},
              {"kind": "sliding_window_24", "num_used_blocks": 1, "num_total_blocks": 4}]
     text = m.render({"num_running": 2, "num_waiting": 1, "num_free_blocks": 6,
-                     "num_total_blocks": 10, "kv_utilization": 0.5, "num_preemptions": 3, "kv_kinds": kinds})
+                     "num_total_blocks": 10, "kv_utilization": 0.5, "num_preemptions": 3, "kv_kinds": kinds,
+                     "num_swap_outs": 2, "num_swapped": 1, "num_swap_slots": 8, "num_free_swap_slots": 6})
     values = server_fixtures.metric_values(text)
     assert values['fantai_kv_cache_kind_blocks_used{kind="full"}'] == 3
     assert values['fantai_kv_cache_kind_blocks_used{kind="sliding_window_24"}'] == 1
@@ -150,6 +151,8 @@ def test_metrics_text() -> None:
     assert values["fantai_kv_cache_blocks_used"] == 4
     assert values["fantai_kv_cache_blocks_total"] == 10
     assert values["fantai_num_preemptions_total"] == 3
+    assert values["fantai_num_swap_outs_total"] == 2 and values["fantai_num_requests_swapped"] == 1
+    assert values["fantai_cpu_cache_usage_perc"] == pytest.approx(0.25)
     assert values["fantai_time_to_first_token_seconds_count"] == 1
     assert values["fantai_time_per_output_token_seconds_sum"] == pytest.approx(0.5)
 

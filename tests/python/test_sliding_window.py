@@ -195,15 +195,21 @@ def test_prefix_caching_stays_exact(model: tuple[str, Path, Any]) -> None:
         assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
-def test_preemption_never_loses_a_request(model: tuple[str, Path, Any]) -> None:
+@pytest.mark.parametrize("swap", [False, True], ids=["recompute", "swap"])
+def test_preemption_never_loses_a_request(model: tuple[str, Path, Any], swap: bool) -> None:
+    """Swapped: each kind's live blocks (a window kind's last ones only) go to host memory and
+    come back around fresh blocks, the dropped ones staying dropped."""
     _, path, ref = model
     prompts = random_prompts(6, 320, [30, 55], seed=5)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-    tight = LLM(str(path), dtype="float32", num_kv_blocks=12, enable_prefix_caching=False)
+    extra = dict(swap_space="8M", preemption_mode="swap") if swap else {}
+    tight = LLM(str(path), dtype="float32", num_kv_blocks=12, enable_prefix_caching=False, **extra)
     assert tokens(tight.generate(prompts, params, use_tqdm=False)) == [hf_greedy(ref, p, 30) for p in prompts]
     stats = tight.stats()
     assert stats["num_preemptions"] > 0
+    assert stats["num_swap_outs"] == (stats["num_preemptions"] if swap else 0)
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    assert stats["num_free_swap_slots"] == stats["num_swap_slots"]
 
 
 # ---- blocks given back while a request runs -------------------------------------------------------

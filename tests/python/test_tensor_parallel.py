@@ -111,6 +111,21 @@ def _check_matches_tp1(path: Path, n: int) -> None:
     assert r["comm"]["world_size"] == n and r["comm"]["all_reduce_calls"] > 0
 
 
+@pytest.mark.parametrize("variant", ["llama_kv1", "gemma2_windows"])
+def test_tp2_swap_preemption_matches_tp1(variant: str, tmp_path: Path) -> None:
+    """Swapped-out sequences come back on every rank (the copies ride the step wire, and a
+    step that only swaps sends them alone): TP = 2 swapping equals TP = 1 recomputing."""
+    path = build_tiny_model(tmp_path, **VARIANTS[variant])
+    r = _run(path, 2, "swap")
+    ref, tp = r["tp1"], r["tp"]
+    assert ref["preemptions"] > 0 and ref["swap_outs"] == 0
+    assert tp["swap_outs"] > 0 and tp["swap_ins"] == tp["swap_outs"], tp
+    assert tp["tokens"] == ref["tokens"]
+    for a, b in zip(tp["logprobs"], ref["logprobs"]):
+        np.testing.assert_allclose(a, b, atol=LOGPROB_ATOL, rtol=0)
+    assert tp["free_blocks"] == tp["total_blocks"] and tp["free_swap_slots"] == tp["swap_slots"] > 0
+
+
 # The vocab-parallel lm_head: rank r keeps rows [r V/N, (r+1) V/N), so a vocabulary that N does not
 # divide gives slices a row apart (323 = 161 + 162 at TP = 2, 107 + 108 + 108 at TP = 3). Rank 0's
 # lm_head must shrink to about its share: a replicated head would keep all V rows. The bound allows

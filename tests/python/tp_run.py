@@ -9,6 +9,8 @@ pytest process): TP = 1, then TP = 2 twice on one model directory; prints one JS
                                communication
     tp_run.py DIR N cuda       TP = 1, then TP = N twice, on GPUs (NCCL; one GPU per rank)
     tp_run.py DIR N release    KV pages released on rank 0 and (through the step wire) the worker
+    tp_run.py DIR N swap       TP = 1 without swap space, then TP = N swapping every preempted
+                               sequence to host memory (each rank its heads' share)
     mpirun ... tp_run.py DIR N mpirun-long   rank 0 prints its pid, then decodes for ever"""
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def run(llm: LLM) -> dict:
             "logprobs": [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
                          for o in outs],
             "free_blocks": stats["num_free_blocks"], "total_blocks": stats["num_total_blocks"],
-            "preemptions": stats.get("num_preemptions", -1)}
+            "preemptions": stats.get("num_preemptions", -1), "swap_outs": stats.get("num_swap_outs", 0),
+            "swap_ins": stats.get("num_swap_ins", 0), "swap_slots": stats.get("num_swap_slots", 0),
+            "free_swap_slots": stats.get("num_free_swap_slots", 0)}
 
 
 def _read(path: str) -> bytes:
@@ -134,6 +138,11 @@ def main() -> None:
         while True:
             llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True),
                          use_tqdm=False)
+    if mode == "swap":
+        out = {"tp1": run(LLM(path, **ENGINE))}
+        out["tp"] = run(LLM(path, tensor_parallel_size=tp, swap_space="4M", preemption_mode="swap", **ENGINE))
+        print(json.dumps(out))
+        return
     engine = ENGINE | {"device": "cuda"} if mode == "cuda" else ENGINE
     ref = LLM(path, **engine)
     out = {"tp1": run(ref), "vocab": ref._model.config.vocab_size,

@@ -129,6 +129,14 @@ class ServerMetrics:
                          [("", float(util))])
         lines += _metric("counter", "num_preemptions_total", "Preempted requests.",
                          [("", stats.get("num_preemptions", 0))])
+        # Of those, swapped to host memory (the rest recompute); vLLM's names for the gauges.
+        lines += _metric("counter", "num_swap_outs_total", "Preempted requests whose KV was swapped out.",
+                         [("", stats.get("num_swap_outs", 0))])
+        lines += _metric("gauge", "num_requests_swapped", "Waiting requests whose KV is in swap space.",
+                         [("", stats.get("num_swapped", 0))])
+        slots = int(stats.get("num_swap_slots", 0))
+        lines += _metric("gauge", "cpu_cache_usage_perc", "Share of the swap space in use.",
+                         [("", (slots - int(stats.get("num_free_swap_slots", 0))) / slots if slots else 0.0)])
         lines += _metric("gauge", "kv_cache_blocks_cached", "Unowned blocks kept for prefix reuse.",
                          [("", stats.get("num_cached_blocks", 0))])
         lines += _metric("gauge", "kv_cache_blocks_free", "Free KV blocks (clean + cached).",

@@ -95,16 +95,21 @@ def _near_tie(cpu_model: object, prefix: list[int], a: int, b: int) -> bool:
     return abs(float(logits[a]) - float(logits[b])) < 1e-3 * max(1.0, float(np.abs(logits).max()))
 
 
-def test_256_requests_with_preemption_match_an_ample_pool(gpu: None, model_dir: Path) -> None:
+@pytest.mark.parametrize("swap", [False, True], ids=["recompute", "swap"])
+def test_256_requests_with_preemption_match_an_ample_pool(gpu: None, model_dir: Path, swap: bool) -> None:
+    """swap: every victim's blocks go to pinned host memory and come back over the stream."""
     prompts = random_prompts(256, 320, [1, 7, 30, 61, 120], seed=4)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     ample = LLM(str(model_dir), dtype="float32", device="cuda", num_kv_blocks=4096)
     want = [o.outputs[0].token_ids for o in ample.generate(prompts, params, use_tqdm=False)]
-    tight = LLM(str(model_dir), dtype="float32", device="cuda", num_kv_blocks=96)  # 1536 slots
+    extra = dict(swap_space="256M", preemption_mode="swap") if swap else {}
+    tight = LLM(str(model_dir), dtype="float32", device="cuda", num_kv_blocks=96, **extra)  # 1536 slots
     got = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
     stats = tight.stats()
     assert stats["num_preemptions"] > 0, stats
+    assert stats["num_swap_outs"] == (stats["num_preemptions"] if swap else 0), stats
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    assert stats["num_free_swap_slots"] == stats["num_swap_slots"]
     assert all(len(t) == 32 for t in got)
     # A preempted request recomputes its KV with the prefill kernel where it was first built by
     # the decode kernel; the two round differently in the last bits. A divergence is accepted only

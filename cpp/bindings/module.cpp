@@ -498,6 +498,7 @@ void bind_engine(py::module_& m) {
                              [](const Engine& e) { return e.config().max_num_batched_tokens; })
       .def_property_readonly("kv_cache_bytes", &Engine::kv_cache_bytes)
       .def("kv_resident_bytes", &Engine::kv_resident_bytes)
+      .def("swap_resident_bytes", &Engine::swap_resident_bytes)
       .def_property_readonly("num_blocks", [](const Engine& e) { return e.block_manager().num_blocks(); })
       .def_property_readonly("block_size", [](const Engine& e) { return e.block_manager().block_size(); });
 

@@ -241,6 +241,12 @@ bool BlockManager::swap_in(SwappedTables& swapped, BlockTables& tables, int32_t 
   return true;
 }
 
+std::vector<int32_t> BlockManager::free_swap_slots(int kind) const {
+  std::vector<int32_t> f = swap_free_.empty() ? std::vector<int32_t>{} : swap_free_[kind];
+  std::sort(f.begin(), f.end());
+  return f;
+}
+
 void BlockManager::free_swapped(SwappedTables& swapped) {
   for (size_t k = 0; k < swapped.kinds.size(); ++k)
     for (auto it = swapped.kinds[k].slots.rbegin(); it != swapped.kinds[k].slots.rend(); ++it)

@@ -147,6 +147,8 @@ class BlockManager {
                std::vector<BlockCopy>* copies);
   // Gives the slots back without copying (the request was aborted or finished). Idempotent.
   void free_swapped(SwappedTables& swapped);
+  // Kind k's free swap slots, ascending (memory the backend may release).
+  std::vector<int32_t> free_swap_slots(int kind) const;
 
   // All invariants of every pool against the live tables (tests and debug builds); with
   // `swapped`, also that the swap slots they hold are exactly the ones not free.

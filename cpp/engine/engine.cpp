@@ -291,6 +291,22 @@ int32_t Engine::release_memory() {
       ++released;
     }
     flush();
+    // Free swap slots too (a device backend's pinned slots stay: release_pages is a no-op there);
+    // on the wire their kind is offset by kMaxKvKinds.
+    run_start = -1, prev = -2;
+    auto flush_swap = [&] {
+      if (run_start < 0) return;
+      cache_->release_swap_slots(k, run_start, prev - run_start + 1, model_->backend());
+      runs.insert(runs.end(), {k + model::kMaxKvKinds, run_start, prev - run_start + 1});
+    };
+    for (int32_t s : blocks_->free_swap_slots(k)) {
+      if (s != prev + 1) {
+        flush_swap();
+        run_start = s;
+      }
+      prev = s;
+    }
+    flush_swap();
   }
   if (model_->tp_shard().active()) tp_send_release(*model_, runs);
   counters_.num_releases++;

@@ -158,6 +158,7 @@ class Engine {
   const BlockManager& block_manager() const { return *blocks_; }
   size_t kv_cache_bytes() const { return cache_->bytes(); }
   size_t swap_space_bytes() const { return cache_->swap_bytes(); }
+  size_t swap_resident_bytes() const { return cache_->swap_resident_bytes(); }
   size_t kv_resident_bytes() const { return cache_->resident_bytes(); }
 
  private:

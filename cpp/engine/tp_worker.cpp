@@ -187,8 +187,13 @@ void run_tp_worker(const std::shared_ptr<model::Model>& m) {
                    "bad release header from rank 0");
       std::vector<int32_t> runs(static_cast<size_t>(3 * h[1]));
       if (h[1] > 0) comm.broadcast(runs.data(), h[7], 0);
-      for (size_t i = 0; i + 2 < runs.size(); i += 3)
-        cache.release_blocks(runs[i], runs[i + 1], runs[i + 2], m->backend());
+      for (size_t i = 0; i + 2 < runs.size(); i += 3) {
+        if (runs[i] >= model::kMaxKvKinds) {  // swap slots (Engine::release_memory)
+          cache.release_swap_slots(runs[i] - model::kMaxKvKinds, runs[i + 1], runs[i + 2], m->backend());
+        } else {
+          cache.release_blocks(runs[i], runs[i + 1], runs[i + 2], m->backend());
+        }
+      }
       continue;
     }
     if (h[0] == kOpCopies) {

@@ -95,15 +95,30 @@ void KVCache::copy_block(int kind, int32_t src, int32_t dst, Backend* backend) {
   }
 }
 
-size_t KVCache::resident_bytes() const {
+namespace {
+
+size_t resident_bytes_of(const void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) return 0;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(buffer_.data()) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(buffer_.data()) + buffer_.bytes();
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + bytes;
   std::vector<unsigned char> vec((end - begin + page - 1) / page);
   if (mincore(reinterpret_cast<void*>(begin), end - begin, vec.data()) != 0) return 0;
   size_t pages = 0;
   for (unsigned char v : vec) pages += v & 1;
   return pages * page;
+}
+
+}  // namespace
+
+size_t KVCache::resident_bytes() const { return resident_bytes_of(buffer_.data(), buffer_.bytes()); }
+
+size_t KVCache::swap_resident_bytes() const { return resident_bytes_of(swap_, swap_bytes_); }
+
+void KVCache::release_swap_slots(int kind, int32_t first, int32_t count, Backend* backend) {
+  if (count <= 0) return;
+  const size_t slot_bytes = static_cast<size_t>(kind_layers_[kind]) * 2 * (block_bytes_ + block_scale_bytes_);
+  backend->release_pages(swap_slot(kind, first), static_cast<size_t>(count) * slot_bytes);
 }
 
 KVCache::~KVCache() {

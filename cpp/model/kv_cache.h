@@ -55,6 +55,9 @@ class KVCache {
   // Block `block` of `kind` to swap slot `slot`, and back (into any block of the kind).
   void swap_out(int kind, int32_t block, int32_t slot, Backend* backend);
   void swap_in(int kind, int32_t slot, int32_t block, Backend* backend);
+  // Returns the pages of swap slots [first, first + count) of `kind` to the OS (host backends).
+  void release_swap_slots(int kind, int32_t first, int32_t count, Backend* backend);
+  size_t swap_resident_bytes() const;  // mincore, as resident_bytes
   // Bytes of the pool backed by physical memory right now (mincore; 0 where unsupported).
   size_t resident_bytes() const;
   // Returns the pages of blocks [first, first + count) of `kind` in its layers to the OS.

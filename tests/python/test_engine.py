@@ -149,6 +149,10 @@ def test_aborting_a_swapped_request_frees_its_swap_slots(model_dir: Path) -> Non
     stats = engine.stats()
     assert stats["num_free_swap_slots"] == stats["num_swap_slots"]
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    # Used swap slots stay backed until release_memory() gives every free slot's pages back.
+    assert engine.swap_resident_bytes() > 0
+    engine.release_memory()
+    assert engine.swap_resident_bytes() <= 2 * 4096, engine.swap_resident_bytes()
 
 
 def test_swap_options_are_checked(model_dir: Path) -> None:

@@ -21,8 +21,9 @@ else()
                         HINTS "${CUDAToolkit_LIBRARY_ROOT}" "${CUDAToolkit_TARGET_DIR}" ${CUDAToolkit_INCLUDE_DIRS}
                               ${CUDAToolkit_LIBRARY_DIR})
   if(NOT FANTAI_CUBLAS_INCLUDE_DIR)
-    set(FANTAI_CUBLAS_REASON "CMake found no cublasLt.h (looked in: ${FANTAI_CUBLAS_LOOKED} and the toolkit; "
-                             "pip install nvidia-cublas, or set FANTAI_CUBLAS_ROOT, then rebuild)")
+    string(CONCAT FANTAI_CUBLAS_REASON
+           "CMake found no cublasLt.h (looked in: ${FANTAI_CUBLAS_LOOKED} and the toolkit): "
+           "pip install nvidia-cublas, or set FANTAI_CUBLAS_ROOT, then rebuild")
   else()
     set(FANTAI_WITH_CUBLAS ON)
   endif()

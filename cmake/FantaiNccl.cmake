@@ -17,10 +17,12 @@ elseif(NOT FANTAI_NCCL)
 else()
   fantai_find_wheel_lib(FANTAI_NCCL HEADER nccl.h NAMES nccl libnccl.so.2 MODULES nvidia.nccl)
   if(NOT FANTAI_NCCL_INCLUDE_DIR)
-    # The remedy travels with the reason: the registry and tp_launch print it as is.
-    set(FANTAI_NCCL_REASON "CMake found no NCCL at build time (looked in: ${FANTAI_NCCL_LOOKED} and the system "
-                           "paths; pip install nvidia-nccl-cu13 into the Python that builds fantai, or set "
-                           "FANTAI_NCCL_ROOT, then rebuild)")
+    # The remedy travels with the reason: the registry and tp_launch print it as is. No semicolon
+    # in it: the list separator would split the compile definition that carries it.
+    string(CONCAT FANTAI_NCCL_REASON
+           "CMake found no NCCL at build time (looked in: ${FANTAI_NCCL_LOOKED} and the system paths): "
+           "pip install nvidia-nccl-cu13 into the Python that builds fantai, or set FANTAI_NCCL_ROOT, "
+           "then rebuild")
   else()
     file(STRINGS "${FANTAI_NCCL_INCLUDE_DIR}/nccl.h" _fantai_nccl_ver REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
     string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*" "\\1.\\2.\\3"

@@ -18,9 +18,9 @@ std::string mpi_unavailable_reason();
 std::string nccl_unavailable_reason();
 
 // The libraries a CUDA build opens at run time instead of linking ("nccl", "cublaslt"), each
-// opened by this call if not yet: the file, the version it reports, or why it is unusable (a
-// build without its header, or without CUDA, says so). Here beside nccl_unavailable_reason, whose
-// answer is the "nccl" entry's error.
+// opened by this call if not yet: the file, the version it reports, or why it is unusable (the
+// error of a build without its header, or without CUDA, starts "this build"). Here beside
+// nccl_unavailable_reason, which gives the "nccl" entry's error where the header was found.
 struct RuntimeLibrary {
   std::string name;
   std::string path;

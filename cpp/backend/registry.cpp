@@ -108,7 +108,7 @@ std::vector<RuntimeLibrary> cuda_runtime_libraries() {
 #ifdef FANTAI_WITH_NCCL
   take(out[0], cuda::nccl_library());
 #else
-  out[0].error = nccl_unavailable_reason();
+  out[0].error = "this build has no NCCL: " + nccl_unavailable_reason();
 #endif
   take(out[1], cuda::cublaslt_library());
 #else

@@ -224,12 +224,7 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // The engine loop runs ops on its own thread, and the runtime's current device is per thread.
-  void bind() const {
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess || current != device_)
-      FANTAI_CUDA_CHECK(cudaSetDevice(device_));
-  }
+  void bind() const { bind_device(device_); }
 
   void usable(const char* what) const {
     if (broken_)

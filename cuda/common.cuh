@@ -23,6 +23,14 @@
 
 namespace fantai::cuda {
 
+// The runtime's current device is per thread, and the engine loop runs ops on its own thread:
+// every entry point of the backend and of its NCCL communicator makes its device current (a
+// cheap query when it already is).
+inline void bind_device(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) FANTAI_CUDA_CHECK(cudaSetDevice(device));
+}
+
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }

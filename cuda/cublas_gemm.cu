@@ -1,15 +1,19 @@
 // cuda: linear() for prefill-sized row counts through cuBLASLt (see gemm_impl.h). Compiled in
-// every CUDA build; its cuBLAS half only when CMake found cuBLASLt, so nothing else sees its
-// headers. Why cuBLAS there: its tuned kernels pick tiles, split-k and pipelining per shape and
-// GPU, which the owned WMMA kernel does not. What it costs: its algorithm (so a row's reduction
-// order) may change with the row count, so above kCublasMinRows a row's rounding can depend on
-// the batch (the owned kernels keep one order per mode; FANTAI_CUDA_GEMM=own keeps them).
+// every CUDA build; its cuBLAS half only when CMake found cublasLt.h, so nothing else sees its
+// headers. Not linked: libcublasLt is opened at the first prefill-sized GEMM (lazy_library.h), so
+// a process without one never loads it; where it cannot be opened linear() keeps the owned
+// kernels and says so once. Why cuBLAS there: its tuned kernels pick tiles, split-k and
+// pipelining per shape and GPU, which the owned WMMA kernel does not. What it costs: its
+// algorithm (so a row's reduction order) may change with the row count, so above kCublasMinRows
+// a row's rounding can depend on the batch (the owned kernels keep one order per mode; FANTAI_CUDA_GEMM=own keeps them).
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
+#include "common/logging.h"
 #include "cuda/common.cuh"
 #include "cuda/gemm_impl.h"
+#include "cuda/lazy_library.h"
 
 #ifdef FANTAI_WITH_CUBLAS
 #include <cublasLt.h>
@@ -57,20 +61,75 @@ void set_gemm_impl(GemmImpl impl) {
 
 #ifndef FANTAI_WITH_CUBLAS
 
+#ifndef FANTAI_CUBLAS_MISSING_REASON
+#define FANTAI_CUBLAS_MISSING_REASON "CMake found no cublasLt.h"
+#endif
+
 bool cublas_linear(const float*, const void*, DType, const float*, float*, int64_t, int64_t, int64_t,
                    cudaStream_t) {
   return false;
 }
 
+// Declared in cuda_backend.h, which this kernel file may not include (test_layering.py).
+LibraryStatus cublaslt_library() {
+  LibraryStatus s;
+  s.error = std::string("this build has no cuBLASLt: ") + FANTAI_CUBLAS_MISSING_REASON;
+  return s;
+}
+
 #else
+
+// Where CMake found libcublasLt ("" when it found only the header).
+#ifndef FANTAI_CUBLAS_LIBDIR
+#define FANTAI_CUBLAS_LIBDIR ""
+#endif
+#define FANTAI_CUBLAS_STR2(x) #x
+#define FANTAI_CUBLAS_STR(x) FANTAI_CUBLAS_STR2(x)
 
 namespace {
 
-#define FANTAI_CUBLAS_CHECK(expr)                                                           \
-  do {                                                                                      \
-    const cublasStatus_t fantai_st_ = (expr);                                               \
-    FANTAI_CHECK(fantai_st_ == CUBLAS_STATUS_SUCCESS,                                       \
-                 "cuBLASLt error " << cublasLtGetStatusString(fantai_st_) << " in " #expr); \
+// Every cuBLASLt function this file calls.
+#define FANTAI_CUBLASLT_FUNCTIONS(X)      \
+  X(cublasLtGetVersion)                   \
+  X(cublasLtGetStatusString)              \
+  X(cublasLtCreate)                       \
+  X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy)            \
+  X(cublasLtMatmulDescSetAttribute)       \
+  X(cublasLtMatrixLayoutCreate)           \
+  X(cublasLtMatrixLayoutDestroy)          \
+  X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy)      \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmul)
+
+struct CublasLtApi {
+  FANTAI_CUBLASLT_FUNCTIONS(FANTAI_LAZY_MEMBER)
+  LibraryStatus status;
+};
+
+// Opened once, on first use; never closed (backends freed during exit may still call it). The
+// soname is the major version of the header compiled against.
+const CublasLtApi& lt_api() {
+  static const CublasLtApi* const loaded = [] {
+    auto* api = new CublasLtApi;
+    LazyLibrary lib("cuBLASLt", "FANTAI_CUBLASLT_LIBRARY", FANTAI_CUBLAS_LIBDIR,
+                    "libcublasLt.so." FANTAI_CUBLAS_STR(CUBLAS_VER_MAJOR));
+    FANTAI_CUBLASLT_FUNCTIONS(FANTAI_LAZY_RESOLVE)
+    api->status = lib.finish();
+    if (api->status.error.empty()) api->status.version = static_cast<int64_t>(api->cublasLtGetVersion());
+    else FANTAI_LOG(kWarning, api->status.error << ": prefill GEMMs run on the owned kernels");
+    return api;
+  }();
+  return *loaded;
+}
+
+#define FANTAI_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                               \
+    const cublasStatus_t fantai_st_ = (expr);                                                        \
+    FANTAI_CHECK(fantai_st_ == CUBLAS_STATUS_SUCCESS,                                                \
+                 "cuBLASLt error " << lt_api().cublasLtGetStatusString(fantai_st_) << " in " #expr); \
   } while (0)
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
@@ -134,18 +193,27 @@ struct Descs {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   ~Descs() {
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (d) lt_api().cublasLtMatrixLayoutDestroy(d);
+    if (b) lt_api().cublasLtMatrixLayoutDestroy(b);
+    if (a) lt_api().cublasLtMatrixLayoutDestroy(a);
+    if (op) lt_api().cublasLtMatmulDescDestroy(op);
   }
 };
 
 }  // namespace
 
+// Declared in cuda_backend.h, which this kernel file may not include (test_layering.py).
+LibraryStatus cublaslt_library() { return lt_api().status; }
+
 bool cublas_linear(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t m,
                    int64_t n, int64_t k, cudaStream_t stream) {
   if (w_dtype != DType::kF32 && w_dtype != DType::kBF16 && w_dtype != DType::kF16) return false;
+  const CublasLtApi& api = lt_api();
+  if (!api.status.error.empty()) {
+    // Logged once by lt_api(); later GEMMs go straight to the owned kernels.
+    g_impl.store(static_cast<int>(GemmImpl::kOwn), std::memory_order_relaxed);
+    return false;
+  }
   int device = 0;
   FANTAI_CUDA_CHECK(cudaGetDevice(&device));
   LtState& s = lt();
@@ -153,7 +221,7 @@ bool cublas_linear(const float* x, const void* w, DType w_dtype, const float* bi
   auto h = s.handles.find(device);
   if (h == s.handles.end()) {
     cublasLtHandle_t handle = nullptr;
-    FANTAI_CUBLAS_CHECK(cublasLtCreate(&handle));
+    FANTAI_CUBLAS_CHECK(api.cublasLtCreate(&handle));
     h = s.handles.emplace(device, handle).first;
   }
   StreamBuffers& buf = s.buffers[{device, stream}];
@@ -163,23 +231,23 @@ bool cublas_linear(const float* x, const void* w, DType w_dtype, const float* bi
   // row-major w read as column-major [k, n] (transposed) and B the row-major x as [k, m].
   const cudaDataType_t wt = cuda_type(w_dtype);
   Descs d;
-  FANTAI_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  FANTAI_CUBLAS_CHECK(api.cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  FANTAI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  FANTAI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  FANTAI_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  FANTAI_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bt = CUDA_R_32F;
     FANTAI_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        api.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     FANTAI_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        api.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     FANTAI_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        api.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
   }
-  FANTAI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, wt, k, n, k));
-  FANTAI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, wt, k, m, k));
-  FANTAI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.d, CUDA_R_32F, n, m, n));
+  FANTAI_CUBLAS_CHECK(api.cublasLtMatrixLayoutCreate(&d.a, wt, k, n, k));
+  FANTAI_CUBLAS_CHECK(api.cublasLtMatrixLayoutCreate(&d.b, wt, k, m, k));
+  FANTAI_CUBLAS_CHECK(api.cublasLtMatrixLayoutCreate(&d.d, CUDA_R_32F, n, m, n));
 
   // The rounded activations live in their own cudaMalloc buffer: 256-byte aligned.
   const uint32_t al_a = alignment(w), al_b = w_dtype == DType::kF32 ? alignment(x) : 256, al_d = alignment(y);
@@ -189,22 +257,22 @@ bool cublas_linear(const float* x, const void* w, DType w_dtype, const float* bi
     if (s.algos.size() >= kMaxCachedAlgos) s.algos.clear();
     CachedAlgo c;
     cublasLtMatmulPreference_t pref = nullptr;
-    FANTAI_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    FANTAI_CUBLAS_CHECK(api.cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspaceBytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                         sizeof al_a);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                         sizeof al_b);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
-                                         sizeof al_d);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
-                                         sizeof al_d);
+    api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                             sizeof al_a);
+    api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                             sizeof al_b);
+    api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                             sizeof al_d);
+    api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                             sizeof al_d);
     cublasLtMatmulHeuristicResult_t r{};
     int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h->second, d.op, d.a, d.b, d.d, d.d, pref, 1, &r,
-                                                             &count);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t st = api.cublasLtMatmulAlgoGetHeuristic(h->second, d.op, d.a, d.b, d.d, d.d, pref, 1,
+                                                                 &r, &count);
+    api.cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_SUCCESS && count > 0 && r.state == CUBLAS_STATUS_SUCCESS) {
       c.found = true;
       c.algo = r.algo;
@@ -237,8 +305,8 @@ bool cublas_linear(const float* x, const void* w, DType w_dtype, const float* bi
     b_ptr = buf.act;
   }
   const float alpha = 1.f, beta = 0.f;
-  FANTAI_CUBLAS_CHECK(cublasLtMatmul(h->second, d.op, &alpha, w, d.a, b_ptr, d.b, &beta, y, d.d, y, d.d,
-                                     &found->second.algo, buf.workspace, kWorkspaceBytes, stream));
+  FANTAI_CUBLAS_CHECK(api.cublasLtMatmul(h->second, d.op, &alpha, w, d.a, b_ptr, d.b, &beta, y, d.d, y, d.d,
+                                         &found->second.algo, buf.workspace, kWorkspaceBytes, stream));
   return true;
 }
 

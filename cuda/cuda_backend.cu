@@ -306,13 +306,7 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // The runtime's current device is per thread, and the engine loop runs ops on its own thread:
-  // every entry point makes ours current (a cheap query when it already is).
-  void bind() const {
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess || current != device_)
-      FANTAI_CUDA_CHECK(cudaSetDevice(device_));
-  }
+  void bind() const { bind_device(device_); }
 
   // Grown geometrically, never shrunk; replacing it waits for the stream (free() above).
   void* workspace(size_t bytes) {

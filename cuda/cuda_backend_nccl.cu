@@ -1,5 +1,7 @@
 // cuda: the NCCL communicator of GPU ranks (declared in cuda_backend.h). Compiled in every CUDA
-// build; its body only when CMake found NCCL, so nothing else in the engine sees nccl.h.
+// build; its body only when CMake found nccl.h, so nothing else in the engine sees it. NCCL is not
+// linked: libnccl is opened when the first communicator is made (or its status asked for), so a
+// process that never joins GPUs never loads it (see lazy_library.h).
 #include "cuda/cuda_backend.h"
 
 #ifdef FANTAI_WITH_NCCL
@@ -19,9 +21,50 @@
 #include "common/logging.h"
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/lazy_library.h"
+
+// Where CMake found libnccl.so.2 ("" when it found only the header).
+#ifndef FANTAI_NCCL_LIBDIR
+#define FANTAI_NCCL_LIBDIR ""
+#endif
 
 namespace fantai::cuda {
 namespace {
+
+// Every NCCL function this file calls; NCCL_CONFIG_INITIALIZER is a plain initializer, no call.
+#define FANTAI_NCCL_FUNCTIONS(X) \
+  X(ncclGetVersion)              \
+  X(ncclGetUniqueId)             \
+  X(ncclGetErrorString)          \
+  X(ncclGetLastError)            \
+  X(ncclCommInitRankConfig)      \
+  X(ncclCommGetAsyncError)       \
+  X(ncclCommAbort)               \
+  X(ncclAllGather)               \
+  X(ncclGroupStart)              \
+  X(ncclGroupEnd)                \
+  X(ncclSend)                    \
+  X(ncclRecv)
+
+struct NcclApi {
+  FANTAI_NCCL_FUNCTIONS(FANTAI_LAZY_MEMBER)
+  LibraryStatus status;
+};
+
+// Opened once, on first use; never closed (communicators may be torn down during exit).
+const NcclApi& nccl_api() {
+  static const NcclApi* const loaded = [] {
+    auto* api = new NcclApi;
+    LazyLibrary lib("NCCL", "FANTAI_NCCL_LIBRARY", FANTAI_NCCL_LIBDIR, "libnccl.so.2");
+    FANTAI_NCCL_FUNCTIONS(FANTAI_LAZY_RESOLVE)
+    api->status = lib.finish();
+    int version = 0;
+    if (api->status.error.empty() && api->ncclGetVersion(&version) == ncclSuccess)
+      api->status.version = version;
+    return api;
+  }();
+  return *loaded;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -68,8 +111,9 @@ class NcclCommunicator final : public Communicator {
     FANTAI_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     ncclUniqueId id{};
     if (rank_ == 0) {
-      const ncclResult_t rc = ncclGetUniqueId(&id);
-      if (rc != ncclSuccess) fail(std::string("ncclGetUniqueId failed in NCCL: ") + ncclGetErrorString(rc));
+      const ncclResult_t rc = nccl_.ncclGetUniqueId(&id);
+      if (rc != ncclSuccess)
+        fail(std::string("ncclGetUniqueId failed in NCCL: ") + nccl_.ncclGetErrorString(rc));
     }
     // idle: the ranks come here from their own model loads, which may end seconds apart.
     host_->broadcast(&id, sizeof id, 0, true);
@@ -77,10 +121,10 @@ class NcclCommunicator final : public Communicator {
     // hangs costs the watchdog's deadline, never a process stuck inside NCCL.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    enqueue(ncclCommInitRankConfig(&comm_, world_, id, rank_, &config), "ncclCommInitRankConfig",
+    enqueue(nccl_.ncclCommInitRankConfig(&comm_, world_, id, rank_, &config), "ncclCommInitRankConfig",
             env_seconds("FANTAI_TP_START_TIMEOUT_S", 300.0));
     int version = 0;
-    ncclGetVersion(&version);
+    nccl_.ncclGetVersion(&version);
     FANTAI_LOG(kInfo, "tensor-parallel rank " << rank_ << " of " << world_ << ": NCCL " << version
                                               << " on cuda:" << device_);
   }
@@ -89,7 +133,7 @@ class NcclCommunicator final : public Communicator {
     bind();
     // Abort rather than finalize: it is local, so a destructor never waits on a peer that is
     // gone; the backend's stream has been drained by then (every collective waits for its end).
-    if (comm_) ncclCommAbort(comm_);
+    if (comm_) nccl_.ncclCommAbort(comm_);
     if (done_) cudaEventDestroy(done_);
     if (scratch_) cudaFree(scratch_);
   }
@@ -112,7 +156,7 @@ class NcclCommunicator final : public Communicator {
     // after the previous piece's sum has read it.
     for (int64_t off = 0; off < n; off += kChunkFloats) {
       const int64_t len = std::min(kChunkFloats, n - off);
-      enqueue(ncclAllGather(data + off, g, static_cast<size_t>(len), ncclFloat, comm_, stream_),
+      enqueue(nccl_.ncclAllGather(data + off, g, static_cast<size_t>(len), ncclFloat, comm_, stream_),
               "all_reduce_sum", timeout_s_);
       sum_partials(g, data + off, len, world_, stream_);
     }
@@ -127,7 +171,7 @@ class NcclCommunicator final : public Communicator {
     const auto t0 = Clock::now();
     usable("all_gather");
     bind();
-    enqueue(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat, comm_, stream_), "all_gather",
+    enqueue(nccl_.ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat, comm_, stream_), "all_gather",
             timeout_s_);
     wait_stream("all_gather", t0);
     stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -140,7 +184,7 @@ class NcclCommunicator final : public Communicator {
     const auto t0 = Clock::now();
     usable("gather");
     bind();
-    enqueue(ncclGroupStart(), "gather", timeout_s_);
+    enqueue(nccl_.ncclGroupStart(), "gather", timeout_s_);
     if (rank_ == root) {
       int64_t at = 0;
       for (int r = 0; r < world_; ++r) {
@@ -148,15 +192,16 @@ class NcclCommunicator final : public Communicator {
           FANTAI_CUDA_CHECK(cudaMemcpyAsync(out + at, in, static_cast<size_t>(n) * sizeof(float),
                                             cudaMemcpyDeviceToDevice, stream_));
         } else {
-          enqueue(ncclRecv(out + at, static_cast<size_t>(counts[r]), ncclFloat, r, comm_, stream_), "gather",
-                  timeout_s_);
+          enqueue(nccl_.ncclRecv(out + at, static_cast<size_t>(counts[r]), ncclFloat, r, comm_, stream_),
+                  "gather", timeout_s_);
         }
         at += counts[r];
       }
     } else {
-      enqueue(ncclSend(in, static_cast<size_t>(n), ncclFloat, root, comm_, stream_), "gather", timeout_s_);
+      enqueue(nccl_.ncclSend(in, static_cast<size_t>(n), ncclFloat, root, comm_, stream_), "gather",
+              timeout_s_);
     }
-    enqueue(ncclGroupEnd(), "gather", timeout_s_);
+    enqueue(nccl_.ncclGroupEnd(), "gather", timeout_s_);
     wait_stream("gather", t0);
     stats_.gather_calls++;
     stats_.gather_bytes += n * static_cast<int64_t>(sizeof(float));
@@ -179,12 +224,7 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // The engine loop runs ops on its own thread, and the runtime's current device is per thread.
-  void bind() const {
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess || current != device_)
-      FANTAI_CUDA_CHECK(cudaSetDevice(device_));
-  }
+  void bind() const { bind_device(device_); }
 
   void usable(const char* what) const {
     if (broken_)
@@ -196,7 +236,7 @@ class NcclCommunicator final : public Communicator {
   void enqueue(ncclResult_t rc, const char* what, double deadline) {
     const auto t0 = Clock::now();
     for (int64_t spins = 0; rc == ncclInProgress; ++spins) {
-      if (ncclCommGetAsyncError(comm_, &rc) != ncclSuccess) break;
+      if (nccl_.ncclCommGetAsyncError(comm_, &rc) != ncclSuccess) break;
       if (rc != ncclInProgress) break;
       if (std::chrono::duration<double>(Clock::now() - t0).count() > deadline)
         fail(std::string(what) + " was not joined by every rank within " + std::to_string(deadline) +
@@ -219,7 +259,7 @@ class NcclCommunicator final : public Communicator {
         fail(std::string(what) + " failed on the GPU: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
       }
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
+      nccl_.ncclCommGetAsyncError(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress)
         fail(std::string(what) + " failed in NCCL: " + nccl_error(state));
       if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s_)
@@ -237,8 +277,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::string nccl_error(ncclResult_t rc) const {
-    std::string s = ncclGetErrorString(rc);
-    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+    std::string s = nccl_.ncclGetErrorString(rc);
+    const char* last = comm_ ? nccl_.ncclGetLastError(comm_) : nullptr;
     if (last && *last) s += std::string(" (") + last + ")";
     return s;
   }
@@ -249,7 +289,7 @@ class NcclCommunicator final : public Communicator {
   // its own deadline, so the other ranks of a dead group leave the same way.
   [[noreturn]] void fail(const std::string& why) {
     broken_ = true;
-    if (comm_) ncclCommAbort(comm_);
+    if (comm_) nccl_.ncclCommAbort(comm_);
     comm_ = nullptr;
     const std::string msg = "tensor parallelism: rank " + std::to_string(rank_) + " of " +
                             std::to_string(world_) + ": " + why;
@@ -261,6 +301,7 @@ class NcclCommunicator final : public Communicator {
     throw std::runtime_error(msg);
   }
 
+  const NcclApi& nccl_ = nccl_api();  // loaded: create_nccl_communicator checked
   std::shared_ptr<Communicator> host_;
   int device_;
   cudaStream_t stream_;
@@ -274,6 +315,8 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+LibraryStatus nccl_library() { return nccl_api().status; }
 
 int nccl_local_rank(Communicator& host) {
   char name[256] = {};
@@ -293,6 +336,8 @@ int nccl_local_rank(Communicator& host) {
 std::shared_ptr<Communicator> create_nccl_communicator(std::shared_ptr<Communicator> host, int device,
                                                        void* stream) {
   FANTAI_CHECK(host, "no host communicator to bootstrap NCCL with");
+  const std::string& why = nccl_api().status.error;
+  FANTAI_REQUIRE(why.empty(), "tensor parallelism on CUDA devices needs NCCL, and " << why);
   return std::make_shared<NcclCommunicator>(std::move(host), device, static_cast<cudaStream_t>(stream));
 }
 

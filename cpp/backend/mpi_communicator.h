@@ -11,10 +11,23 @@ namespace fantai {
 
 // Empty when this build has MPI; otherwise why not (printed by CMake too).
 std::string mpi_unavailable_reason();
-// Empty when this build can join CUDA devices of several ranks (the CUDA backend and NCCL were
-// both found); otherwise why not. The collectives then run over NCCL and MPI still starts the
+// Empty when this build can join CUDA devices of several ranks: it has the CUDA backend, CMake
+// found NCCL's header, and libnccl opens (it is loaded at run time, on first use: this
+// call loads it); otherwise why not. The collectives then run over NCCL and MPI still starts the
 // ranks and carries the step's host data (cuda/cuda_backend.h).
 std::string nccl_unavailable_reason();
+
+// The libraries a CUDA build opens at run time instead of linking ("nccl", "cublaslt"), each
+// opened by this call if not yet: the file, the version it reports, or why it is unusable (the
+// error of a build without its header, or without CUDA, starts "this build"). Here beside
+// nccl_unavailable_reason, which gives the "nccl" entry's error where the header was found.
+struct RuntimeLibrary {
+  std::string name;
+  std::string path;
+  int64_t version = 0;
+  std::string error;
+};
+std::vector<RuntimeLibrary> cuda_runtime_libraries();
 
 // This process's rank in the MPI world mpirun started (0 when it was not started by mpirun).
 // Initialises MPI when built with it.

@@ -87,12 +87,34 @@ std::shared_ptr<Backend> with_communicator(std::shared_ptr<Backend> be) {
 
 std::string nccl_unavailable_reason() {
 #if defined(FANTAI_WITH_CUDA) && defined(FANTAI_WITH_NCCL)
-  return "";
+  return cuda::nccl_library().error;
 #elif defined(FANTAI_NCCL_MISSING_REASON)
   return FANTAI_NCCL_MISSING_REASON;
 #else
   return "this build of fantai has no CUDA backend";
 #endif
+}
+
+std::vector<RuntimeLibrary> cuda_runtime_libraries() {
+  std::vector<RuntimeLibrary> out(2);
+  out[0].name = "nccl";
+  out[1].name = "cublaslt";
+#ifdef FANTAI_WITH_CUDA
+  const auto take = [](RuntimeLibrary& r, const cuda::LibraryStatus& s) {
+    r.path = s.path;
+    r.version = s.version;
+    r.error = s.error;
+  };
+#ifdef FANTAI_WITH_NCCL
+  take(out[0], cuda::nccl_library());
+#else
+  out[0].error = "this build has no NCCL: " + nccl_unavailable_reason();
+#endif
+  take(out[1], cuda::cublaslt_library());
+#else
+  out[0].error = out[1].error = "this build of fantai has no CUDA backend";
+#endif
+  return out;
 }
 
 #ifdef FANTAI_WITH_CUDA
@@ -107,10 +129,9 @@ std::shared_ptr<Backend> create_cuda_rank(const std::string& name, int device) {
   if (!group && !(one && std::strcmp(one, "1") == 0))
     return with_communicator(cuda::create_cuda_backend(device));
   const std::string nccl = nccl_unavailable_reason();
-  FANTAI_REQUIRE(nccl.empty(), "tensor parallelism on CUDA devices needs NCCL, and "
-                                   << nccl
-                                   << " (pip install nvidia-nccl-cu13 into the Python that builds fantai, "
-                                   << "or set FANTAI_NCCL_ROOT, then rebuild)");
+  // The reason carries its own remedy: a rebuild when CMake found no NCCL, a path when it did
+  // but libnccl does not open.
+  FANTAI_REQUIRE(nccl.empty(), "tensor parallelism on CUDA devices needs NCCL, and " << nccl);
   // Checked before the collectives below, so every rank of a group without GPUs refuses alike.
   const std::string why = cuda::device_unavailable_reason();
   FANTAI_REQUIRE(why.empty(), "backend 'cuda' is unavailable: " << why);

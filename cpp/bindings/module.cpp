@@ -541,6 +541,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("mpi_unavailable_reason", &mpi_unavailable_reason);
   // "" when CUDA devices can be joined over NCCL (tensor parallelism on GPU ranks), else why not.
   m.def("nccl_unavailable_reason", &nccl_unavailable_reason);
+  // {"nccl": {...}, "cublaslt": {...}}: opens each if not yet (a CUDA build loads them on first
+  // use, not at import) and gives path, version (ncclGetVersion, cublasLtGetVersion: no GPU
+  // needed) and error ("" when usable).
+  m.def("cuda_library_versions", [] {
+    py::dict out;
+    for (const RuntimeLibrary& r : cuda_runtime_libraries()) {
+      py::dict d;
+      d["path"] = r.path;
+      d["version"] = r.version;
+      d["error"] = r.error;
+      out[py::str(r.name)] = d;
+    }
+    return out;
+  });
   m.def("tp_world_rank", &mpi_world_rank);
   m.def(
       "tp_connect",

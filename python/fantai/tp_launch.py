@@ -88,12 +88,12 @@ def start_ranks(options: Any) -> int | None:
 def _check_gpu_ranks(device: str, n: int) -> None:
     """GPU ranks: one GPU each (the rank's index on its host), joined by NCCL while MPI still
     starts the ranks and carries the step's host data. Refused here, before any rank starts, when
-    this build has no NCCL or this process sees no GPU: the same errors every rank would raise."""
+    this build has no NCCL, libnccl does not open, or this process sees no GPU: the same errors
+    every rank would raise."""
     why = _C.nccl_unavailable_reason()
     if why:
-        raise RuntimeError(f"tensor_parallel_size={n} on device {device!r} needs NCCL, and {why} "
-                           "(pip install nvidia-nccl-cu13 into the Python that builds fantai, or set "
-                           "FANTAI_NCCL_ROOT, then rebuild)")
+        # The reason says its remedy: a rebuild (no NCCL at build time) or FANTAI_NCCL_LIBRARY.
+        raise RuntimeError(f"tensor_parallel_size={n} on device {device!r} needs NCCL, and {why}")
     if "cuda" not in _C.available_backends():
         raise ValueError(f"tensor_parallel_size={n} on device {device!r}: backend 'cuda' is unavailable "
                          "(no CUDA device is visible to this process)")

@@ -1,7 +1,8 @@
-// tests: GPU tensor parallelism's pieces that one process can check. The build's report of NCCL
-// and a CUDA backend asked for in a group of two ranks where NCCL or a GPU is missing (a clear
-// error, before any collective) run everywhere; the rank-order sum kernel and the one-rank NCCL
-// communicator (a real ncclCommInitRankConfig, all-reduce and all-gather) skip without a GPU.
+// tests: GPU tensor parallelism's pieces that one process can check. The build's report of NCCL,
+// NCCL and cuBLASLt opened at run time with their versions, and a CUDA backend asked for in a
+// group of two ranks where NCCL or a GPU is missing (a clear error, before any collective) run
+// everywhere; the rank-order sum kernel and the one-rank NCCL communicator (a real
+// ncclCommInitRankConfig, all-reduce and all-gather) skip without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -74,6 +75,26 @@ TEST(NcclBuild, ReasonSaysWhetherNcclWasBuilt) {
   if (!why.empty()) {
     EXPECT_NE(why.find_first_not_of(' '), std::string::npos);
   }
+}
+
+// Opened at run time, not linked (cuda/lazy_library.h): where the build has the header, the
+// library opens, every function of the table resolves and ncclGetVersion answers (no GPU needed).
+TEST(NcclBuild, LibraryOpensWithEveryFunctionAndItsVersion) {
+  SKIP_WITHOUT_NCCL();
+#ifdef FANTAI_WITH_NCCL  // nccl_library() is defined only then
+  const cuda::LibraryStatus s = cuda::nccl_library();
+  ASSERT_EQ(s.error, "");
+  EXPECT_NE(s.path.find("libnccl"), std::string::npos) << s.path;
+  EXPECT_GE(s.version, 21800) << "2.18: non-blocking communicators";
+#endif
+}
+
+TEST(CublasBuild, LibraryOpensWithEveryFunctionAndItsVersion) {
+  const cuda::LibraryStatus s = cuda::cublaslt_library();
+  if (s.error.rfind("this build has no", 0) == 0) GTEST_SKIP() << s.error;
+  ASSERT_EQ(s.error, "");
+  EXPECT_NE(s.path.find("libcublasLt"), std::string::npos) << s.path;
+  EXPECT_GE(s.version, 120000);
 }
 
 TEST(NcclBuild, CudaInAGroupWithoutNcclOrGpuIsAClearError) {

@@ -192,6 +192,9 @@ struct QFormat {
   // Bits of the stored values when fewer than `bits` (GGUF Q5_x / Q6_K: 5- or 6-bit values the
   // canonical form holds as bytes); 0: all `bits`.
   int width = 0;
+  // Values drawn from GGUF IQ4's 16 non-linear levels (int8 level + 128, as the decoder gives
+  // them), which the CPU keeps as 4-bit codebook indices.
+  bool iq4 = false;
 };
 const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},
                              {"q4_0", 4, 32, 8, false},
@@ -218,7 +221,9 @@ struct QWeight {
     std::mt19937 g(seed);
     t.q.resize(rows * cols);
     const int width = f.width ? f.width : f.bits;
-    for (auto& v : t.q) v = static_cast<uint8_t>(g() & ((1u << width) - 1));
+    static constexpr uint8_t kIq4[16] = {1,   24,  45,  63,  79,  93,  106, 118,
+                                         129, 141, 153, 166, 181, 197, 217, 241};
+    for (auto& v : t.q) v = f.iq4 ? kIq4[g() & 15] : static_cast<uint8_t>(g() & ((1u << width) - 1));
     t.scale.assign(rows * ng, 0.0078125f);  // f16 values, as the GGUF formats hold them
     if (f.min) t.min.assign(rows * ng, -0.0625f);
     if (f.factor > 0 && ng % f.factor == 0) {
@@ -315,6 +320,8 @@ const QFormat kKFormats[] = {{"q4_k", 4, 32, 0, true, 8, true},
                              {"q5_k", 8, 32, 0, true, 8, true, 5},
                              {"q5_0", 8, 32, 16, false, 0, false, 5},
                              {"q5_1", 8, 32, 0, true, 0, false, 5},
+                             {"iq4_nl", 8, 32, 128, false, 0, false, 0, true},
+                             {"iq4_xs", 8, 32, 128, false, 8, true, 0, true},
                              {"q4_0", 4, 32, 8, false},
                              {"q4_1", 4, 32, 0, true},
                              {"q8_0", 8, 32, 128, false}};

@@ -11,6 +11,7 @@ namespace fantai {
 
 void check_quant_matrix(const QuantMatrix& m) {
   FANTAI_REQUIRE(m.layout == 0, "quantized matrix: expected the canonical layout");
+  FANTAI_REQUIRE(!m.codebook, "quantized matrix: a canonical matrix holds its values, not codebook indices");
   FANTAI_REQUIRE(m.bits == 4 || m.bits == 8, "quantized matrix: bits must be 4 or 8, got " << m.bits);
   FANTAI_REQUIRE(m.rows > 0 && m.cols > 0,
                  "quantized matrix: bad shape [" << m.rows << ", " << m.cols << "]");

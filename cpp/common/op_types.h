@@ -107,6 +107,10 @@ struct QuantMatrix {
   const int8_t* iscale = nullptr;  // [rows, ngroups()]
   const float* fmin = nullptr;     // [rows, ngroups() / fgroups] when min
   const int8_t* imin = nullptr;    // [rows, ngroups()] when min
+  // A backend's packed layout only (canonical matrices leave it null): when set, the packed values
+  // are 4-bit indices and value i stands for codebook[i], 16 bytes (GGUF IQ4's non-linear levels
+  // are 16 bytes < 256, kept at the file's 4 bits per weight this way).
+  const uint8_t* codebook = nullptr;
   int64_t ngroups() const { return group > 0 ? (cols + group - 1) / group : 0; }
 };
 

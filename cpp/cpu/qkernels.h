@@ -49,7 +49,13 @@ const QKernelTable& qkernels_for(Isa isa);
 // so one vpdpbusd multiplies 16 rows by 4 activations with no horizontal sum. 4-bit: the low
 // nibbles hold columns c..c+3 and the high nibbles c+4..c+7. Groups are padded to whole steps.
 // The packed matrix's `bits` is the value width kept: the narrowest of 4, 5, 6, 8 holding every
-// value of the canonical one (GGUF Q5_0 / Q5_1 / Q5_K arrive as bytes < 32, Q6_K < 64). 5- and
+// value of the canonical one (GGUF Q5_0 / Q5_1 / Q5_K arrive as bytes < 32, Q6_K < 64), or 4 with
+// a codebook when the values are at most 16 distinct bytes (GGUF IQ4_NL / IQ4_XS arrive as their
+// non-linear int8 levels + 128, 1 .. 241): the nibbles are then indices into QuantMatrix::codebook
+// (the distinct values ascending, 16 bytes in a 64-byte region after the others), and each
+// kernel turns a vector of indices into the u8 values with one vpshufb against the table
+// broadcast to every 128-bit lane (AVX2: into v - 128 in s8, for its sign trick), the portable
+// one with a table load. The zero and the float epilogue are the byte form's, unchanged. 5- and
 // 6-bit values keep the 4-bit steps for their low 4 bits and add, per step, one (5-bit) or two
 // (6-bit) bit planes of 16 bytes: plane i holds bit 4 + i as two little-endian 64-bit words, the
 // first for the step's low-nibble vector and the second for its high-nibble one, bit j of a word

@@ -48,13 +48,16 @@ thread_local Scratch t_scratch;
 // rows of 64 bytes (row t: columns 4t..4t+3 of the block for each of the 16 panel rows, one u8
 // each). Steps past the block's end (the short last block of a group) are zero, so a tile never
 // reads another group's weights.
-template <int BITS>
+template <int BITS, bool CB>
 void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int64_t gbytes = G * 2 * BITS;
   constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
   const uint8_t* panel = static_cast<const uint8_t*>(w.data) + p * w.ld;
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
+  const __m512i cb = CB ? _mm512_broadcast_i32x4(
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)))
+                        : _mm512_setzero_si512();
   for (int64_t g = 0; g < ng; ++g) {
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
@@ -76,6 +79,10 @@ void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
             wl = _mm512_and_si512(v, lo4);
             wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
             if constexpr (BITS == 5 || BITS == 6) add_planes<BITS>(pl + PB * t, &wl, &wh);
+            if constexpr (CB) {
+              wl = _mm512_shuffle_epi8(cb, wl);
+              wh = _mm512_shuffle_epi8(cb, wh);
+            }
           }
           _mm512_storeu_si512(out + 128 * t, wl);
           _mm512_storeu_si512(out + 128 * t + 64, wh);
@@ -254,7 +261,7 @@ FQ_INLINE void panels_rows(const QuantMatrix& w, int64_t nb, const float* bias, 
   }
 }
 
-template <int BITS, bool HZ, bool HM, int HS>
+template <int BITS, bool HZ, bool HM, int HS, bool CB>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy, int64_t p0, int64_t p1) {
   const int B = xq_block(w);
@@ -286,8 +293,8 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
       wp = data + p * w.ld;
       stride = w.ld;
     } else {
-      unpack_panel<BITS>(w, p, B, wb);
-      if (two) unpack_panel<BITS>(w, p + 1, B, wb + panel_bytes);
+      unpack_panel<BITS, CB>(w, p, B, wb);
+      if (two) unpack_panel<BITS, CB>(w, p + 1, B, wb + panel_bytes);
     }
     if (two) panels_rows<2, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);
     else panels_rows<1, BITS, HZ, HM, HS>(w, nb, bias, y, ldy, p, m, apk, wp, stride, cbuf, fa, f);

@@ -35,6 +35,7 @@ bool uniform_zero(const QuantMatrix& m, int32_t* value) {
 struct Offsets {
   size_t scale, zero, min, perm, total;
   size_t fscale = 0, fmin = 0;  // the sub-scale panel layout's super-block factors
+  size_t codebook = 0;          // the panel layout's 16 levels when its values are indices
 };
 
 Offsets packed_offsets(const QuantMatrix& m) {
@@ -114,18 +115,51 @@ QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
 
 namespace {
 
-// The value width the panels keep (m.bits of the packed matrix): the narrowest of 4, 5, 6 and 8
-// that holds every value. GGUF's 5- and 6-bit formats reach the packer as bytes (the canonical
-// form has only 4 and 8), so the width is read from the values, as the scale modes are.
-int32_t panel_bits(const QuantMatrix& m) {
-  if (m.bits == 4) return 4;
+// How the panels keep the values (m.bits of the packed matrix is `bits`): the narrowest of 4, a
+// 16-entry codebook, 5, 6 and 8 bits that holds every value. GGUF's 5- and 6-bit formats reach the
+// packer as bytes (the canonical form has only 4 and 8), and IQ4's non-linear levels as bytes of up
+// to 16 distinct values, so the form is read from the values, as the scale modes are.
+struct PanelValues {
+  int32_t bits = 8;
+  bool codebook = false;  // 4-bit indices into code (ascending distinct values; unused entries 0)
+  uint8_t code[16] = {};
+  uint8_t nibble[256] = {};  // the low 4 bits kept for each byte value (its index with a codebook)
+};
+
+PanelValues panel_values(const QuantMatrix& m) {
+  PanelValues v;
+  for (int i = 0; i < 256; ++i) v.nibble[i] = static_cast<uint8_t>(i & 15);
+  if (m.bits == 4) {
+    v.bits = 4;
+    return v;
+  }
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
-  uint8_t any = 0;
+  bool seen[256] = {};
   for (int64_t r = 0; r < m.rows; ++r) {
     const uint8_t* row = q + r * m.ld;
-    for (int64_t c = 0; c < m.cols; ++c) any |= row[c];
+    for (int64_t c = 0; c < m.cols; ++c) seen[row[c]] = true;
   }
-  return any < 16 ? 4 : any < 32 ? 5 : any < 64 ? 6 : 8;
+  int distinct = 0, top = 0;
+  for (int i = 0; i < 256; ++i)
+    if (seen[i]) {
+      ++distinct;
+      top = i;
+    }
+  if (top < 16) {
+    v.bits = 4;
+  } else if (distinct <= 16) {
+    v.bits = 4;
+    v.codebook = true;
+    int n = 0;
+    for (int i = 0; i < 256; ++i)
+      if (seen[i]) {
+        v.nibble[i] = static_cast<uint8_t>(n);
+        v.code[n++] = static_cast<uint8_t>(i);
+      }
+  } else {
+    v.bits = top < 32 ? 5 : top < 64 ? 6 : 8;
+  }
+  return v;
 }
 
 // Bytes of group g of one panel at value width `bits`: whole 4-column (8-bit) or 8-column
@@ -186,7 +220,8 @@ int panel_mode(const QuantMatrix& m) {
   return sub_scales(m) ? kScaleSub : half_scales(m) ? kScaleF16 : kScaleF32;
 }
 
-Offsets panel_offsets(const QuantMatrix& m, int32_t bits, int mode) {
+Offsets panel_offsets(const QuantMatrix& m, const PanelValues& pv, int mode) {
+  const int32_t bits = pv.bits;
   const int64_t panels = (m.rows + 15) / 16;
   const size_t n = static_cast<size_t>(panels * m.ngroups() * 16);
   const size_t es = mode == kScaleF32 ? 4 : mode == kScaleF16 ? 2 : 1;
@@ -208,11 +243,14 @@ Offsets panel_offsets(const QuantMatrix& m, int32_t bits, int mode) {
     o.fmin = at;
     if (m.min) at = align64(at + nf);
   }
+  o.codebook = at;
+  if (pv.codebook) at = align64(at + sizeof(pv.code));
   o.total = at;
   return o;
 }
 
-// The value of (row r, stored column c) of a panel matrix, from its nibble (or byte) and bit planes.
+// The value of (row r, stored column c) of a panel matrix, from its nibble (or byte) and bit planes,
+// or its codebook entry.
 int panel_value(const QuantMatrix& w, int64_t r, int64_t c) {
   const uint8_t* data = static_cast<const uint8_t*>(w.data);
   const int64_t g = c / w.group, cg = c - g * w.group;
@@ -231,22 +269,23 @@ int panel_value(const QuantMatrix& w, int64_t r, int64_t c) {
       q |= ((word[bit / 8] >> (bit % 8)) & 1) << (4 + i);
     }
   }
-  return q;
+  return w.codebook ? w.codebook[q] : q;
 }
 
 }  // namespace
 
 size_t cpu_quant_panel_bytes(const QuantMatrix& m) {
   check_quant_matrix(m);
-  return panel_offsets(m, panel_bits(m), panel_mode(m)).total;
+  return panel_offsets(m, panel_values(m), panel_mode(m)).total;
 }
 
 QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   check_quant_matrix(m);
   const int mode = panel_mode(m);
-  const int32_t bits = panel_bits(m);
+  const PanelValues pv = panel_values(m);
+  const int32_t bits = pv.bits;
   const bool half = mode == kScaleF16, sub = mode == kScaleSub;
-  const Offsets o = panel_offsets(m, bits, mode);
+  const Offsets o = panel_offsets(m, pv, mode);
   char* base = static_cast<char*>(dst);
   std::memset(base, 0, o.total);
   QuantMatrix p = m;
@@ -276,10 +315,10 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
         for (; c + 8 <= len; c += 8) {
           uint8_t* d = dg + (c >> 3) * 64;
           for (int j = 0; j < 4; ++j)
-            d[j] = static_cast<uint8_t>((qg[c + j] & 15) | ((qg[c + 4 + j] & 15) << 4));
+            d[j] = static_cast<uint8_t>(pv.nibble[qg[c + j]] | (pv.nibble[qg[c + 4 + j]] << 4));
         }
         for (; c < len; ++c)
-          dg[(c >> 3) * 64 + (c & 3)] |= static_cast<uint8_t>((qg[c] & 15) << ((c & 7) >= 4 ? 4 : 0));
+          dg[(c >> 3) * 64 + (c & 3)] |= static_cast<uint8_t>(pv.nibble[qg[c]] << ((c & 7) >= 4 ? 4 : 0));
         if (bits > 4) {
           // Bit 4 + i of lane l's column c of step t: bit 4l + c % 4 of plane i's low-nibble word
           // (c % 8 < 4) or high-nibble word; the planes follow the group's nibble steps.
@@ -344,6 +383,10 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   if (m.perm) {
     std::memcpy(base + o.perm, m.perm, static_cast<size_t>(m.cols) * sizeof(int32_t));
     p.perm = reinterpret_cast<const int32_t*>(base + o.perm);
+  }
+  if (pv.codebook) {
+    std::memcpy(base + o.codebook, pv.code, sizeof(pv.code));
+    p.codebook = reinterpret_cast<const uint8_t*>(base + o.codebook);
   }
   p.data = base;
   return p;

@@ -73,7 +73,7 @@ FV_INLINE void add_planes8(const uint8_t* pl, int h, __m256i* wl, __m256i* wh) {
 // A tile is R activation rows x U units (pf0 .. pf1: the panels to prefetch, see
 // qkernels_panel_prefetch.h), a unit being 8 consecutive rows of W (half a panel): unit
 // u of the tile is half (u & 1) of panel p + u / 2. A 64-byte panel step is two 32-byte unit steps.
-template <int R, int U, int BITS, bool HZ, bool HM, int HS>
+template <int R, int U, int BITS, bool HZ, bool HM, int HS, bool CB>
 FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                          int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
@@ -82,6 +82,11 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
   const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
   const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  // The codebook as v - 128 in s8, in both 128-bit lanes (vpshufb looks up within each lane).
+  const __m256i cbs = CB ? _mm256_broadcastsi128_si256(
+                               _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)),
+                                             _mm_set1_epi8(-128)))
+                         : _mm256_setzero_si256();
   __m256 facc[R][U];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -124,7 +129,49 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
       const int64_t poff = BITS == 5 || BITS == 6 ? g * gbytes + (g1 - g0 + 7) / 8 * 64 + (b0 - g0) / 8 * PB
                                                   : 0;
       __m256i iacc[R][U];
-      if constexpr (BITS != 8) {
+      if constexpr (CB) {
+        // Codebook indices. As u8, a level times x could make a vpmaddubsw pair 2 * 241 * 127 = 61214
+        // (IQ4's top level), past int16, so vpshufb gives v - 128 in s8 (cbs) and the 8-bit path's
+        // sign trick multiplies it (|v - 128| as u8 times x with v - 128's sign): a pair is then at
+        // most 2 * 128 * 127 = 32512 and never saturates. Two vectors' pairs added could reach
+        // 65024 (IQ4's |v - 128| <= 127: 64516), so each vector widens to int32 on its own.
+        // sum(v x) = sum((v - 128) x) + 128 sum(x), exactly, in int32, as on the 8-bit path.
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_setzero_si256();
+        const int steps = static_cast<int>((blen + 7) / 8);
+        for (int t = 0; t < steps; ++t) {
+          __m256i xl[R], xh[R];
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            xl[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t);
+            xh[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t + 4);
+          }
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) {
+            const __m256i wb = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1)));
+            const __m256i sl = _mm256_shuffle_epi8(cbs, _mm256_and_si256(wb, lo4));
+            const __m256i sh = _mm256_shuffle_epi8(cbs, _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4));
+            const __m256i al = _mm256_abs_epi8(sl), ah = _mm256_abs_epi8(sh);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+              const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(al, _mm256_sign_epi8(xl[r], sl)),
+                                                   ones);
+              const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(ah, _mm256_sign_epi8(xh[r], sh)),
+                                                   ones);
+              iacc[r][u] = _mm256_add_epi32(iacc[r][u], _mm256_add_epi32(pl, ph));
+            }
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i s128 = _mm256_set1_epi32(128 * x.s[(r0 + r) * x.nblocks + bi]);
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
+        }
+      } else if constexpr (BITS != 8) {
         // u4 x s8 pairs are at most 2 * 15 * 127 = 3810, a step's two at most 7620, and a block has
         // at most 4 steps (32 columns): the int16 sums cannot overflow, so widen once per block.
         // u5: a step's sum is at most 4 * 31 * 127 = 15748, so widen every 2 steps; u6: at most
@@ -240,24 +287,24 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   }
 }
 
-template <int RR, int U, int BITS, bool HZ, bool HM, int HS>
+template <int RR, int U, int BITS, bool HZ, bool HM, int HS, bool CB>
 FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                          int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
-    if (rows < RR) return unit_rows<RR - 1, U, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r0);
+    if (rows < RR) return unit_rows<RR - 1, U, BITS, HZ, HM, HS, CB>(rows, x, w, bias, y, ldy, p, r0);
   }
-  unit_tile<RR, U, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0);
+  unit_tile<RR, U, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, r0);
 }
 
-template <int BITS, bool HZ, bool HM, int HS>
+template <int BITS, bool HZ, bool HM, int HS, bool CB>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {
     // Decode: 2 panels (4 units, 32 weight rows) side by side give 4 independent chains.
     int64_t p = p0;
     for (; p + 2 <= p1; p += 2)
-      unit_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0, p + 2, min64(p + 4, p1));
-    for (; p < p1; ++p) unit_tile<1, 2, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+      unit_tile<1, 4, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, 0, p + 2, min64(p + 4, p1));
+    for (; p < p1; ++p) unit_tile<1, 2, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, 0);
     return;
   }
   // 16 YMM registers: 3 rows x 2 units keep their float and integer sums (12) in registers, with
@@ -268,7 +315,8 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
     const int64_t ppe = min64(pp + 8, p1);
     for (int64_t r = 0; r < m; r += R) {
       const int rows = static_cast<int>(min64(R, m - r));
-      for (int64_t p = pp; p < ppe; ++p) unit_rows<R, 2, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
+      for (int64_t p = pp; p < ppe; ++p)
+        unit_rows<R, 2, BITS, HZ, HM, HS, CB>(rows, x, w, bias, y, ldy, p, r);
     }
   }
 }

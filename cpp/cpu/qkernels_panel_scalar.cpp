@@ -54,6 +54,7 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
                   const uint8_t* word = gp + (cg >> 3) * panel_plane_bytes(w.bits) + 16 * i + (high ? 8 : 0);
                   q |= ((word[bit >> 3] >> (bit & 7)) & 1) << (4 + i);
                 }
+                if (w.codebook) q = w.codebook[q];
               }
               isum += q * xr[c];
             }

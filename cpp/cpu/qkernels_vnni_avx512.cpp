@@ -36,7 +36,7 @@ FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // R activation rows x PC panels. Integer sums inside a block are exact, so only the per-block
 // float updates have an order, and it is fixed by (k, group, block). pf0 .. pf1: the panels to
 // prefetch (see qkernels_panel_prefetch.h).
-template <int R, int PC, int BITS, bool HZ, bool HM, int HS>
+template <int R, int PC, int BITS, bool HZ, bool HM, int HS, bool CB>
 FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                           int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
@@ -44,6 +44,10 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
   const int64_t gbytes = G * 2 * BITS;  // bytes of a full group in a panel (see qkernels.h)
   constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
+  // The codebook in every 128-bit lane: vpshufb turns a vector of indices into their u8 values.
+  const __m512i cb = CB ? _mm512_broadcast_i32x4(
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)))
+                        : _mm512_setzero_si512();
   __m512 facc[R][PC];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -96,6 +100,10 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
             __m512i wl = _mm512_and_si512(wb, lo4);
             __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);
             if constexpr (BITS == 5 || BITS == 6) add_planes<BITS>(wp + poff + PB * t, &wl, &wh);
+            if constexpr (CB) {
+              wl = _mm512_shuffle_epi8(cb, wl);
+              wh = _mm512_shuffle_epi8(cb, wh);
+            }
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
               iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wl, xl[r]);
@@ -131,24 +139,24 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
   }
 }
 
-template <int RR, int PC, int BITS, bool HZ, bool HM, int HS>
+template <int RR, int PC, int BITS, bool HZ, bool HM, int HS, bool CB>
 FV_INLINE void panel_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                           int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
-    if (rows < RR) return panel_rows<RR - 1, PC, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r0);
+    if (rows < RR) return panel_rows<RR - 1, PC, BITS, HZ, HM, HS, CB>(rows, x, w, bias, y, ldy, p, r0);
   }
-  panel_tile<RR, PC, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0);
+  panel_tile<RR, PC, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, r0);
 }
 
-template <int BITS, bool HZ, bool HM, int HS>
+template <int BITS, bool HZ, bool HM, int HS, bool CB>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {
     // Decode: 4 panels (64 rows) side by side give 4 independent vpdpbusd chains.
     int64_t p = p0;
     for (; p + 4 <= p1; p += 4)
-      panel_tile<1, 4, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0, p + 4, min64(p + 8, p1));
-    for (; p < p1; ++p) panel_tile<1, 1, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, 0);
+      panel_tile<1, 4, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, 0, p + 4, min64(p + 8, p1));
+    for (; p < p1; ++p) panel_tile<1, 1, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, 0);
     return;
   }
   constexpr int R = 4;
@@ -158,8 +166,8 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
     for (int64_t r = 0; r < m; r += R) {
       const int rows = static_cast<int>(min64(R, m - r));
       int64_t p = pp;
-      for (; p + 2 <= ppe; p += 2) panel_rows<R, 2, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
-      for (; p < ppe; ++p) panel_rows<R, 1, BITS, HZ, HM, HS>(rows, x, w, bias, y, ldy, p, r);
+      for (; p + 2 <= ppe; p += 2) panel_rows<R, 2, BITS, HZ, HM, HS, CB>(rows, x, w, bias, y, ldy, p, r);
+      for (; p < ppe; ++p) panel_rows<R, 1, BITS, HZ, HM, HS, CB>(rows, x, w, bias, y, ldy, p, r);
     }
   }
 }

@@ -36,8 +36,16 @@ struct Spec {
   // Values below 2^width when narrower than bits (GGUF Q5_x / Q6_K reach the packer as bytes < 32
   // or < 64); 0: the full bits.
   int width = 0;
+  // Values from 16 byte levels (bits 8), which the panels keep as 4-bit codebook indices: 1 the
+  // IQ4 levels as GGUF's IQ4_NL / IQ4_XS reach the packer (int8 level + 128), 2 levels spanning
+  // 0 .. 255 (the AVX2 sign trick's extremes); 0: none.
+  int codebook = 0;
   int value_bits() const { return width ? width : bits; }
 };
+
+constexpr uint8_t kIq4Levels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+constexpr uint8_t kWideLevels[16] = {0, 3, 17, 40, 64, 90, 127, 128, 129, 150, 177, 200, 222, 240, 254, 255};
+const uint8_t* levels_of(const Spec& s) { return s.codebook == 1 ? kIq4Levels : kWideLevels; }
 
 // A random canonical matrix: q uniform, per-group zero / min when asked.
 QuantTensor random_quant(int64_t rows, int64_t cols, const Spec& s, uint32_t seed) {
@@ -52,7 +60,12 @@ QuantTensor random_quant(int64_t rows, int64_t cols, const Spec& s, uint32_t see
   std::uniform_int_distribution<int> qd(0, qmax);
   std::uniform_real_distribution<float> sd(0.001f, 0.05f), md(-0.5f, 0.5f);
   t.q.resize(rows * cols);
-  for (auto& v : t.q) v = static_cast<uint8_t>(qd(g));
+  if (s.codebook) {
+    std::uniform_int_distribution<int> id(0, 15);
+    for (auto& v : t.q) v = levels_of(s)[id(g)];
+  } else {
+    for (auto& v : t.q) v = static_cast<uint8_t>(qd(g));
+  }
   t.scale.resize(rows * ng);
   for (auto& v : t.scale) v = sd(g);
   if (s.zero) {
@@ -105,6 +118,12 @@ const Spec kSpecs[] = {
     {8, 32, true, true, false, 6},
     {8, 0, true, false, false, 6},
     {8, 32, false, true, false, 4},
+    // 16 byte levels, kept as codebook indices: IQ4_NL / IQ4_XS-like, and levels at 0 and 255.
+    {8, 32, false, false, false, 0, 1},
+    {8, 16, false, true, false, 0, 1},
+    {8, 0, false, false, false, 0, 1},
+    {8, 64, true, false, true, 0, 2},
+    {8, 32, false, true, false, 0, 2},
 };
 
 class QuantKernels : public ::testing::TestWithParam<Isa> {};
@@ -372,6 +391,37 @@ TEST(QuantPanel, NarrowValuesKeepTheirWidth) {
   EXPECT_EQ(pack_panel(t).w.bits, 8);
   t = random_quant(16, 64, {8, 32, false, false, false, 4}, 46);
   EXPECT_EQ(pack_panel(t).w.bits, 4);
+  EXPECT_EQ(pack_panel(t).w.codebook, nullptr);
+}
+
+TEST(QuantPanel, SixteenLevelsBecomeCodebookIndices) {
+  // IQ4_NL-like: IQ4 levels, group 32, f16 scale: 16 index bytes and the 2-byte scale per 32
+  // weights, GGUF's 18, plus the codebook's own 64-byte region.
+  QuantTensor t = random_quant(64, 576, {8, 32, false, false, false, 0, 1}, 51);
+  round_scales_to_half(&t);
+  Packed p = pack_panel(t);
+  EXPECT_EQ(p.w.bits, 4);
+  ASSERT_NE(p.w.codebook, nullptr);
+  EXPECT_EQ(0, std::memcmp(p.w.codebook, kIq4Levels, 16));
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 576 / 32 * 18 + 64);
+  // IQ4_XS-like: factored scales over super-blocks of 8 groups of 32: an int8 sub-scale per 32
+  // and an f16 factor per 256 (the file's 6-bit sub-scales take a byte).
+  t = random_quant(64, 512, {8, 32, false, false, false, 0, 1}, 53);
+  factor_scales(&t, 54);
+  p = pack_panel(t);
+  EXPECT_EQ(p.w.layout, cpu::kCpuQuantPanelSubLayout);
+  ASSERT_NE(p.w.codebook, nullptr);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 512 / 2 + 64 * 16 + 64 * 2 * 2 + 64);
+  // Fewer levels give a shorter codebook (in ascending order); a 17th value needs the bytes.
+  t = random_quant(16, 64, {8, 32, false, false, false, 0, 2}, 55);
+  for (auto& v : t.q) v = v == 0 ? 255 : v;
+  p = pack_panel(t);
+  ASSERT_NE(p.w.codebook, nullptr);
+  EXPECT_EQ(0, std::memcmp(p.w.codebook, kWideLevels + 1, 15));
+  t.q[5] = 100;
+  t.q[9] = 101;
+  EXPECT_EQ(pack_panel(t).w.bits, 8);
+  EXPECT_EQ(pack_panel(t).w.codebook, nullptr);
 }
 
 TEST(QuantPanel, HalfLayoutOnlyWhenEveryScaleIsAnF16Value) {
@@ -429,12 +479,14 @@ TEST_P(PanelKernels, QuantizerIsBitEqualToTheReference) {
     }
 }
 
-// Weights at the ends of their range (every u4 / u8 value 0 and 15 / 255) against activations at
+// Weights at the ends of their range (every u4 / u8 value 0 and 15 / 255, a codebook's lowest and
+// highest level) against activations at
 // +-127 are where an int16 pair sum would saturate if the kernel's bound reasoning were wrong.
 void extreme_weights(QuantTensor* t, const Spec& s, uint32_t seed) {
   std::mt19937 g(seed);
-  const uint8_t top = static_cast<uint8_t>((1 << s.value_bits()) - 1);
-  for (auto& v : t->q) v = (g() & 1) ? top : 0;
+  const uint8_t top = s.codebook ? levels_of(s)[15] : static_cast<uint8_t>((1 << s.value_bits()) - 1);
+  const uint8_t bottom = s.codebook ? levels_of(s)[0] : 0;
+  for (auto& v : t->q) v = (g() & 1) ? top : bottom;
 }
 
 void expect_panel_equal(cpu::LinearPanelFn fn, cpu::LinearPanelFn ref, const XQ& xq, const Packed& p,
@@ -471,8 +523,9 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
             const std::vector<float> bias = randn(n, seed++);
             const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
             std::ostringstream what;
-            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " width " << s.width << " group "
-                 << s.group << " scale mode " << mode << " extreme " << extreme << " m " << m << " k " << k;
+            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " width " << s.width << " codebook "
+                 << s.codebook << " group " << s.group << " scale mode " << mode << " extreme " << extreme
+                 << " m " << m << " k " << k;
             for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
               expect_panel_equal(fn, ref, xq, p, b, m, n, what.str());
           }
@@ -575,8 +628,8 @@ TEST(QuantPanel, AmxInt8EqualsThePortableKernelBitForBit) {
           const std::vector<float> bias = randn(n, seed++);
           const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
           std::ostringstream what;
-          what << "bits " << s.bits << " width " << s.width << " group " << s.group << " scale mode " << mode
-               << " m " << m << " k " << k;
+          what << "bits " << s.bits << " width " << s.width << " codebook " << s.codebook << " group "
+               << s.group << " scale mode " << mode << " m " << m << " k " << k;
           for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
             expect_panel_equal(amx, ref, xq, p, b, m, n, what.str());
         }
@@ -1024,9 +1077,9 @@ TEST(QuantPanel, InexactFactorsKeepF32Scales) {
 // against the file's bytes for the same tensor. The layout's values, scales, mins and zeros, with
 // up to 63 bytes of alignment after each of its (at most six) regions; rows and columns here are
 // whole panels and blocks, so there is no other padding. The K-quants' sub-scales and sub-mins
-// take a byte each where the file packs them in 6 (Q4_K, Q5_K) or 4 (Q2_K) bits; 5- and 6-bit
-// values are nibbles plus bit planes, at the file's width; IQ4 indices still take a byte and 2-
-// and 3-bit values a nibble.
+// take a byte each where the file packs them in 6 (Q4_K, Q5_K, IQ4_XS) or 4 (Q2_K) bits; 5- and
+// 6-bit values are nibbles plus bit planes and IQ4 indices nibbles (with a 16-byte codebook in a
+// region of its own), at the file's width; 2- and 3-bit values still take a nibble.
 TEST(QuantPanel, ResidentBytesPerWeight) {
   struct Want {
     int type;
@@ -1035,10 +1088,10 @@ TEST(QuantPanel, ResidentBytesPerWeight) {
   const Want types[] = {
       {model::kGgmlQ4_0, 18. / 32, 18. / 32},     {model::kGgmlQ4_1, 20. / 32, 20. / 32},
       {model::kGgmlQ8_0, 34. / 32, 34. / 32},     {model::kGgmlQ5_0, 22. / 32, 22. / 32},
-      {model::kGgmlQ5_1, 24. / 32, 24. / 32},     {model::kGgmlIQ4_NL, 18. / 32, 34. / 32},
+      {model::kGgmlQ5_1, 24. / 32, 24. / 32},     {model::kGgmlIQ4_NL, 18. / 32, 18. / 32},
       {model::kGgmlQ4_K, 144. / 256, 148. / 256}, {model::kGgmlQ5_K, 176. / 256, 180. / 256},
       {model::kGgmlQ6_K, 210. / 256, 210. / 256}, {model::kGgmlQ2_K, 84. / 256, 164. / 256},
-      {model::kGgmlQ3_K, 110. / 256, 146. / 256}, {model::kGgmlIQ4_XS, 136. / 256, 266. / 256},
+      {model::kGgmlQ3_K, 110. / 256, 146. / 256}, {model::kGgmlIQ4_XS, 136. / 256, 138. / 256},
   };
   const int64_t n = 64, k = 1024;
   for (const Want& w : types) {

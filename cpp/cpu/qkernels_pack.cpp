@@ -134,31 +134,36 @@ PanelValues panel_values(const QuantMatrix& m) {
     return v;
   }
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
-  bool seen[256] = {};
+  uint8_t any = 0;
   for (int64_t r = 0; r < m.rows; ++r) {
     const uint8_t* row = q + r * m.ld;
-    for (int64_t c = 0; c < m.cols; ++c) seen[row[c]] = true;
+    for (int64_t c = 0; c < m.cols; ++c) any |= row[c];
   }
-  int distinct = 0, top = 0;
+  if (any < 16) {
+    v.bits = 4;
+    return v;
+  }
+  v.bits = any < 32 ? 5 : any < 64 ? 6 : 8;
+  // The distinct values, given up at the 17th: this runs over every weight at load, and a byte or
+  // 5- / 6-bit matrix shows 17 values within its first few dozen.
+  bool seen[256] = {};
+  int distinct = 0;
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const uint8_t* row = q + r * m.ld;
+    for (int64_t c = 0; c < m.cols; ++c) {
+      if (seen[row[c]]) continue;
+      seen[row[c]] = true;
+      if (++distinct > 16) return v;
+    }
+  }
+  v.bits = 4;
+  v.codebook = true;
+  int n = 0;
   for (int i = 0; i < 256; ++i)
     if (seen[i]) {
-      ++distinct;
-      top = i;
+      v.nibble[i] = static_cast<uint8_t>(n);
+      v.code[n++] = static_cast<uint8_t>(i);
     }
-  if (top < 16) {
-    v.bits = 4;
-  } else if (distinct <= 16) {
-    v.bits = 4;
-    v.codebook = true;
-    int n = 0;
-    for (int i = 0; i < 256; ++i)
-      if (seen[i]) {
-        v.nibble[i] = static_cast<uint8_t>(n);
-        v.code[n++] = static_cast<uint8_t>(i);
-      }
-  } else {
-    v.bits = top < 32 ? 5 : top < 64 ? 6 : 8;
-  }
   return v;
 }
 

@@ -25,6 +25,22 @@ FV_INLINE __m256i bcast4(const int8_t* p) {
 
 // 8 lanes (rows 8u .. 8u + 7 of a panel's 16) of a scale or min at element i: f32, or f16 in the
 // half-scale layout.
+// One 8-column step of 4-bit (or codebook) columns for R activation rows: columns c..c+3 (the
+// low nibbles' partners) and c+4..c+7 (the high ones') broadcast to every lane's 4 bytes.
+template <int R>
+FV_INLINE void bcast_step(const QuantizedRows& x, int64_t r0, int64_t at, __m256i* xl, __m256i* xh) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    xl[r] = bcast4(x.q + (r0 + r) * x.ld + at);
+    xh[r] = bcast4(x.q + (r0 + r) * x.ld + at + 4);
+  }
+}
+
+// Half u & 1 (rows 0-7 or 8-15 of the panel) of a 64-byte nibble step.
+FV_INLINE __m256i load_nibble_half(const uint8_t* step, int u) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + 32 * (u & 1)));
+}
+
 template <int HS>
 FV_INLINE __m256 load_scale8(const float* a, int64_t i) {
   if constexpr (HS == kScaleF16) {
@@ -143,15 +159,10 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
         const int steps = static_cast<int>((blen + 7) / 8);
         for (int t = 0; t < steps; ++t) {
           __m256i xl[R], xh[R];
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            xl[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t);
-            xh[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t + 4);
-          }
+          bcast_step<R>(x, r0, b0 + 8 * t, xl, xh);
 #pragma GCC unroll 4
           for (int u = 0; u < U; ++u) {
-            const __m256i wb = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i*>(wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1)));
+            const __m256i wb = load_nibble_half(wbase + (p + u / 2) * w.ld + boff + 64 * t, u);
             const __m256i sl = _mm256_shuffle_epi8(cbs, _mm256_and_si256(wb, lo4));
             const __m256i sh = _mm256_shuffle_epi8(cbs, _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4));
             const __m256i al = _mm256_abs_epi8(sl), ah = _mm256_abs_epi8(sh);
@@ -188,15 +199,10 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
         const int steps = static_cast<int>((blen + 7) / 8);
         for (int t = 0; t < steps; ++t) {
           __m256i xl[R], xh[R];
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            xl[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t);
-            xh[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t + 4);
-          }
+          bcast_step<R>(x, r0, b0 + 8 * t, xl, xh);
 #pragma GCC unroll 4
           for (int u = 0; u < U; ++u) {
-            const __m256i wb = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i*>(wbase + (p + u / 2) * w.ld + boff + 64 * t + 32 * (u & 1)));
+            const __m256i wb = load_nibble_half(wbase + (p + u / 2) * w.ld + boff + 64 * t, u);
             __m256i wl = _mm256_and_si256(wb, lo4);
             __m256i wh = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);
             if constexpr (BITS != 4)

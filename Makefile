@@ -41,7 +41,7 @@ test-isa: install
 # out-of-bounds read or an overflow a mutant provokes fails the run. -O1 keeps the build short.
 ASAN_BUILD := build/asan
 ASAN_TESTS := test_block_manager test_prefix_cache test_grammar_hook test_scheduler test_sampler \
-  test_kernels test_amx test_quant test_moe test_cpu_quota test_tp_shard test_loader_fuzz
+  test_kernels test_amx test_quant test_moe test_cpu_quota test_cpu_topology test_tp_shard test_loader_fuzz
 # Three sweeps are left out there: their time goes into scalar reference loops over large shapes
 # (2.5 of the 5 minutes under ASan), while the AMX and panel kernels they check keep their other
 # tests under the sanitizers; the plain build runs them in full.

@@ -59,6 +59,10 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual int num_threads() const = 0;
+  // Pins the backend's host threads by a --cpu-bind spec ("compact", "spread", a CPU list;
+  // offset: see cpu/cpu_topology.h) and returns the CPU of each thread; empty where the backend
+  // has no host threads to pin (a GPU's).
+  virtual std::vector<int> bind_threads(const std::string& /*spec*/, int /*offset*/) { return {}; }
 
   // Memory on the backend's device (host memory for cpu). Aligned to 64 bytes.
   virtual void* alloc(size_t bytes) = 0;

@@ -426,6 +426,12 @@ void bind_model(py::module_& m) {
       .def_property_readonly("num_threads", [](const Model& mo) { return mo.backend()->num_threads(); })
       .def_property_readonly("backend", [](const Model& mo) { return mo.backend()->name(); })
       .def(
+          "bind_threads",
+          [](Model& mo, const std::string& spec, int offset) {
+            return mo.backend()->bind_threads(spec, offset);
+          },
+          py::arg("spec"), py::arg("offset") = 0)
+      .def(
           "set_matmul_precision",
           [](Model& mo, const std::string& precision) {
             return mo.backend()->set_matmul_precision(dtype_from_name(precision));

@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "cpu/cpu_backend_impl.h"
 #include "cpu/cpu_quota.h"
+#include "cpu/cpu_topology.h"
 
 namespace fantai::cpu {
 
@@ -94,6 +95,17 @@ const KernelTable& kernels_for(Isa isa) {
                                              : scalar_kernels();
   FANTAI_REQUIRE(t != nullptr, "cpu: kernels for " << isa_name(isa) << " were not built");
   return *t;
+}
+
+std::vector<int> CpuBackend::bind_threads(const std::string& spec, int offset) {
+  const std::vector<CpuPlace> places = cpu_topology();
+  const std::vector<int> cpus = plan_thread_cpus(places, pool_.size(), spec, offset);
+  pool_.bind(cpus);
+  std::string list;
+  for (int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+  FANTAI_LOG(kInfo, "cpu backend: " << pool_.size() << " threads bound '" << spec << "' to CPUs " << list
+                                    << " of " << describe_topology(places));
+  return cpus;
 }
 
 std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads) {

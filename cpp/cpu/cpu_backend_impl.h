@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return pool_.size(); }
+  std::vector<int> bind_threads(const std::string& spec, int offset) override;
 
   void* alloc(size_t bytes) override;
   void free(void* ptr) override;

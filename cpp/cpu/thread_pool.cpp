@@ -1,7 +1,16 @@
 // cpu: thread pool (spin-then-park workers, dynamic task counter, caller participates).
 #include "cpu/thread_pool.h"
 
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+#include "cpu/cpu_topology.h"
 
 namespace fantai::cpu {
 namespace {
@@ -17,6 +26,11 @@ inline void cpu_relax() {
 constexpr auto kSpin = std::chrono::microseconds(200);
 
 thread_local bool t_in_pool_job = false;
+// The bind epoch this thread was last pinned for (0: never).
+thread_local uint64_t t_pinned_epoch = 0;
+std::atomic<uint64_t> g_bind_epochs{0};
+
+bool is_main_thread() { return static_cast<pid_t>(syscall(SYS_gettid)) == getpid(); }
 
 }  // namespace
 
@@ -46,7 +60,33 @@ void ThreadPool::run_tasks(int thread_index) {
   t_in_pool_job = was;
 }
 
+void ThreadPool::bind(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  FANTAI_REQUIRE(static_cast<int>(cpus.size()) >= num_threads_,
+                 "thread pool: " << cpus.size() << " CPUs for " << num_threads_ << " threads");
+  for (int i = 1; i < num_threads_; ++i) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[i], &set);
+    const int rc = pthread_setaffinity_np(workers_[i - 1].native_handle(), sizeof(set), &set);
+    FANTAI_REQUIRE(rc == 0,
+                   "thread pool: pinning worker " << i << " to CPU " << cpus[i] << ": " << std::strerror(rc));
+  }
+  caller_cpu_.store(cpus[0], std::memory_order_relaxed);
+  bind_epoch_.store(g_bind_epochs.fetch_add(1) + 1, std::memory_order_release);
+}
+
+void ThreadPool::pin_caller() {
+  const uint64_t epoch = bind_epoch_.load(std::memory_order_acquire);
+  if (epoch == 0 || t_pinned_epoch == epoch) return;
+  t_pinned_epoch = epoch;
+  // A refusal here (a mask narrowed since bind) leaves the caller where the OS puts it.
+  if (!is_main_thread()) pin_this_thread(caller_cpu_.load(std::memory_order_relaxed));
+}
+
 void ThreadPool::worker_loop(int index) {
+  // "fantai-cpu-N" in top -H and /proc/<pid>/task/*/comm (15 characters at most).
+  pthread_setname_np(pthread_self(), ("fantai-cpu-" + std::to_string(index)).substr(0, 15).c_str());
   uint64_t seen = 0;
   for (;;) {
     const auto spin_until = std::chrono::steady_clock::now() + kSpin;
@@ -82,6 +122,7 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
     for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
     return;
   }
+  pin_caller();
   fn_ = &fn;
   num_tasks_ = num_tasks;
   next_task_.store(0, std::memory_order_relaxed);

@@ -28,13 +28,23 @@ class ThreadPool {
   // than deadlocking.
   void parallel_for(int64_t num_tasks, const std::function<void(int64_t, int)>& fn);
 
+  // Pins worker i to cpus[i] (1 <= i < size()) now, and a caller to cpus[0] at its next
+  // parallel_for, unless the caller is the process's main thread: threads it starts later
+  // (a tokenizer's pool, a server's) would inherit a one-CPU mask. Empty cpus unpins nothing
+  // and pins nothing new. Throws when the OS refuses a CPU.
+  void bind(const std::vector<int>& cpus);
+
  private:
   void worker_loop(int index);
   void run_tasks(int thread_index);
 
+  void pin_caller();
+
   const int num_threads_;
   std::vector<std::thread> workers_;
-  std::mutex run_mu_;  // one parallel_for at a time
+  std::atomic<int> caller_cpu_{-1};
+  std::atomic<uint64_t> bind_epoch_{0};  // unique per bind() over all pools
+  std::mutex run_mu_;                    // one parallel_for at a time
 
   // Current job (valid while a generation is in flight).
   const std::function<void(int64_t, int)>* fn_ = nullptr;

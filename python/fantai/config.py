@@ -22,7 +22,7 @@ class CoreHolder:
     """A loaded model and the core engine over it: what LLM and AsyncEngine share."""
 
     def __init__(self, options: EngineArgs) -> None:
-        from fantai.tp_launch import start_ranks
+        from fantai.tp_launch import bind_threads, start_ranks
 
         # Under tensor parallelism the other ranks start here (or already run under mpirun) and
         # load their shares beside this one; rank 0 goes on as the only engine.
@@ -35,6 +35,7 @@ class CoreHolder:
         self.load_seconds = loaded.load_seconds
         self.chat_template = options.chat_template
         self._model = loaded.model
+        bind_threads(loaded.model, options.cpu_bind)
         # What the backend does, not what was asked: "bfloat16" only where it has a unit for it.
         rounds = loaded.model.set_matmul_precision(options.matmul_precision)
         self.matmul_precision: str = "bfloat16" if rounds else "float32"

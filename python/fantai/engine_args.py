@@ -119,6 +119,14 @@ def _device(value: Any) -> str:
     return value
 
 
+def _cpu_bind(value: Any) -> str:
+    # CPUs outside this process's mask are refused when the model binds (the mask is the OS's).
+    if not isinstance(value, str) or re.fullmatch(
+            r"none|compact|spread|\d+(-\d+)?(,\d+(-\d+)?)*", value.strip()) is None:
+        raise ValueError(f"must be none, compact, spread or a CPU list such as 0-3,8; got {value!r}")
+    return value.strip()
+
+
 def _non_negative_float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"must be a number >= 0, got {value!r}")
@@ -175,6 +183,11 @@ class EngineArgs:
         parse=int)
     threads: int | None = _option(
         None, "CPU threads for the model (default: all cores)", check=_int_at_least(0), parse=int)
+    cpu_bind: str = _option(
+        "none", "pin each CPU thread to one CPU: compact (one per core, one L3 domain before the "
+                "next), spread (one per core, L3 domains in turn), a CPU list such as 0-3,8, or none "
+                "to leave placement to the OS (default: %(default)s)",
+        check=_cpu_bind, metavar="POLICY")
     enable_chunked_prefill: bool = _option(
         True, "split long prompts across engine steps so decodes keep running")
     num_kv_blocks: int | None = _option(

@@ -34,7 +34,7 @@ logger = logging.getLogger("fantai")
 TIMEOUT_ENV = "FANTAI_TP_TIMEOUT_S"
 # What a rank > 0 needs to load exactly what rank 0 loads.
 _LOAD_FIELDS = ("model", "dtype", "device", "quantization", "dequantize", "matmul_precision",
-                "tensor_parallel_size")
+                "tensor_parallel_size", "cpu_bind")
 
 
 def _timeout() -> float:
@@ -52,6 +52,19 @@ def _threads(options: Any, ranks_here: int) -> int | None:
     if options.threads:
         return options.threads
     return max(1, _C.default_threads() // max(1, ranks_here))
+
+
+def _local_rank(rank: int) -> int:
+    """This rank's index among the ranks on its host: spawned ranks all run on rank 0's."""
+    return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", rank)) if _under_mpirun() else rank
+
+
+def bind_threads(model: Any, spec: str, local_rank: int = 0) -> list[int]:
+    """Pins the model's CPU threads (--cpu-bind) and returns each thread's CPU; ranks sharing a
+    host take disjoint slices of its cores, rank r from place r x threads on."""
+    if spec == "none" or model.backend != "cpu":
+        return []
+    return list(model.bind_threads(spec, local_rank * model.num_threads))
 
 
 def start_ranks(options: Any) -> int | None:
@@ -131,6 +144,9 @@ def _worker(spec: dict[str, Any]) -> None:
         loaded = load_model(spec["model"], spec["dtype"], spec["threads"], spec["device"],
                             quantization=spec["quantization"], dequantize=spec["dequantize"])
         loaded.model.set_matmul_precision(spec["matmul_precision"])
+        cpus = bind_threads(loaded.model, spec.get("cpu_bind", "none"), _local_rank(rank))
+        if cpus:  # this process's main thread runs its steps and starts no threads of its own
+            os.sched_setaffinity(0, {cpus[0]})
         logger.info("tensor-parallel rank %d loaded in %.2f s", rank, loaded.load_seconds)
         _C.tp_worker_loop(loaded.model)
         # Rank 0 stopped the loop: a clean stop finalizes MPI (mpirun then exits 0).

@@ -54,7 +54,7 @@ def test_size_parser_rejects(text: object) -> None:
 CLI_VALUES = {
     "dtype": ("bf16", "bfloat16"), "max_model_len": ("512", 512), "kv_cache_memory": ("3MiB", 3 << 20),
     "memory_utilization": ("0.5", 0.5), "max_num_seqs": ("7", 7), "max_num_batched_tokens": ("96", 96),
-    "block_size": ("8", 8), "seed": ("11", 11), "threads": ("1", 1), "num_kv_blocks": ("40", 40),
+    "block_size": ("8", 8), "seed": ("11", 11), "threads": ("1", 1), "cpu_bind": ("0-1", "0-1"), "num_kv_blocks": ("40", 40),
     "kv_cache_dtype": ("int8", "int8"), "device": ("cpu", "cpu"), "quantization": ("int8", "int8"),
     "matmul_precision": ("bfloat16", "bfloat16"), "chat_template": ("{{ x }}", "{{ x }}"),
     "tensor_parallel_size": ("2", 2), "swap_space": ("512M", "512M"), "preemption_mode": ("swap", "swap"),

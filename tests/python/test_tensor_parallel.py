@@ -126,6 +126,14 @@ def test_tp2_swap_preemption_matches_tp1(variant: str, tmp_path: Path) -> None:
     assert tp["free_blocks"] == tp["total_blocks"] and tp["free_swap_slots"] == tp["swap_slots"] > 0
 
 
+def test_tp2_cpu_bind_matches_tp1(tmp_path: Path) -> None:
+    """--cpu-bind compact under TP = 2: each rank binds its slice of the host's cores (rank 1
+    from place 1 on) and the tokens stay TP = 1's."""
+    path = build_tiny_model(tmp_path, **VARIANTS["llama_kv1"])
+    r = _run(path, 2, "bind")
+    assert r["tp"]["tokens"] == r["tp1"]["tokens"]
+
+
 # The vocab-parallel lm_head: rank r keeps rows [r V/N, (r+1) V/N), so a vocabulary that N does not
 # divide gives slices a row apart (323 = 161 + 162 at TP = 2, 107 + 108 + 108 at TP = 3). Rank 0's
 # lm_head must shrink to about its share: a replicated head would keep all V rows. The bound allows

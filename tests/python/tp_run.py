@@ -138,6 +138,11 @@ def main() -> None:
         while True:
             llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True),
                          use_tqdm=False)
+    if mode == "bind":
+        out = {"tp1": run(LLM(path, **ENGINE))}
+        out["tp"] = run(LLM(path, tensor_parallel_size=tp, cpu_bind="compact", **ENGINE))
+        print(json.dumps(out))
+        return
     if mode == "swap":
         out = {"tp1": run(LLM(path, **ENGINE))}
         out["tp"] = run(LLM(path, tensor_parallel_size=tp, swap_space="4M", preemption_mode="swap", **ENGINE))

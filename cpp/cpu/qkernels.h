@@ -48,8 +48,9 @@ const QKernelTable& qkernels_for(Isa isa);
 // columns (8-bit) or 8 columns (4-bit) 64 bytes: 4 consecutive bytes per row (row-major lanes),
 // so one vpdpbusd multiplies 16 rows by 4 activations with no horizontal sum. 4-bit: the low
 // nibbles hold columns c..c+3 and the high nibbles c+4..c+7. Groups are padded to whole steps.
-// The packed matrix's `bits` is the value width kept: the narrowest of 4, 5, 6, 8 holding every
-// value of the canonical one (GGUF Q5_0 / Q5_1 / Q5_K arrive as bytes < 32, Q6_K < 64), or 4 with
+// The packed matrix's `bits` is the value width kept: the narrowest of 2, 3, 4, 5, 6, 8 holding
+// every value of the canonical one (GGUF Q5_0 / Q5_1 / Q5_K arrive as bytes < 32, Q6_K < 64, Q2_K
+// and Q3_K as nibbles < 4, < 8), or 4 with
 // a codebook when the values are at most 16 distinct bytes (GGUF IQ4_NL / IQ4_XS arrive as their
 // non-linear int8 levels + 128, 1 .. 241): the nibbles are then indices into QuantMatrix::codebook
 // (the distinct values ascending, 16 bytes in a 64-byte region after the others), and each
@@ -61,8 +62,12 @@ const QKernelTable& qkernels_for(Isa isa);
 // first for the step's low-nibble vector and the second for its high-nibble one, bit j of a word
 // standing for byte j of that 64-byte vector (row lane j / 4, column c + j % 4, or c + 4 + j % 4).
 // So AVX-512 rebuilds a vector with one masked byte add of 16 (or 32) per plane, the word as the
-// mask. A group's planes follow its nibble steps: group bytes = steps * (64 + 16 * (bits - 4)),
-// i.e. 2 * bits bytes per column, and a group of 32 (or 16) stays a whole number of cache lines.
+// mask. 2- and 3-bit values (GGUF Q2_K, Q3_K) take steps of 16 columns in the same 64 bytes:
+// lane bytes i = 0..3 of a step hold columns c + 4s + i (s = 0..3) in bits 2s, 2s + 1, so
+// (v >> 2s) & 3 is the 4-column vector s; 3-bit adds one plane per step of four 64-bit words,
+// word s holding bit 2 of vector s (added as 4). A group's planes follow its steps: group bytes =
+// steps * panel_step_bytes(bits), i.e. 2 * bits bytes per column, and a group of 32 (or 16) stays
+// a whole number of cache lines.
 // scale / zero / min are panel-major: [panels, ngroups, 16]. When every scale and min is an f16
 // value (GGUF Q4_0/Q4_1/Q8_0 store them so) they are kept as f16 (kCpuQuantPanelHalfLayout;
 // the float pointers then point at uint16 data), which keeps the resident size at the file's.
@@ -80,10 +85,16 @@ const QKernelTable& qkernels_for(Isa isa);
 constexpr int32_t kCpuQuantPanelLayout = 2;
 constexpr int32_t kCpuQuantPanelHalfLayout = 3;
 constexpr int32_t kCpuQuantPanelSubLayout = 4;
-// Bytes of the bit planes of one 8-column step at value width bits (5 or 6), and of the whole
-// step with its 64 nibble bytes.
-constexpr int64_t panel_plane_bytes(int32_t bits) { return 16 * (bits - 4); }
-constexpr int64_t panel_step_bytes(int32_t bits) { return 64 + (bits > 4 ? panel_plane_bytes(bits) : 0); }
+// Columns of one 64-byte step at value width bits; bytes of its bit planes (3, 5 or 6 bits); the
+// whole step's bytes; and where a group of len columns keeps its planes, after its steps.
+constexpr int64_t panel_step_cols(int32_t bits) { return bits == 8 ? 4 : bits >= 4 ? 8 : 16; }
+constexpr int64_t panel_plane_bytes(int32_t bits) {
+  return bits == 3 ? 32 : bits > 4 && bits < 8 ? 16 * (bits - 4) : 0;
+}
+constexpr int64_t panel_step_bytes(int32_t bits) { return 64 + panel_plane_bytes(bits); }
+constexpr int64_t panel_planes_at(int32_t bits, int64_t len) {
+  return (len + panel_step_cols(bits) - 1) / panel_step_cols(bits) * 64;
+}
 inline bool is_panel_layout(int32_t layout) {
   return layout == kCpuQuantPanelLayout || layout == kCpuQuantPanelHalfLayout ||
          layout == kCpuQuantPanelSubLayout;

@@ -52,7 +52,7 @@ template <int BITS, bool CB>
 void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int64_t gbytes = G * 2 * BITS;
-  constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
+  constexpr int64_t SC = panel_step_cols(BITS), PB = panel_plane_bytes(BITS);
   const uint8_t* panel = static_cast<const uint8_t*>(w.data) + p * w.ld;
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
   const __m512i cb = CB ? _mm512_broadcast_i32x4(
@@ -63,7 +63,24 @@ void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
       const int64_t blen = min64(B, g1 - b0);
       uint8_t* out = dst + (b0 / B) * B * 16;
-      if constexpr (BITS == 8) {
+      if constexpr (BITS < 4) {
+        const uint8_t* src = panel + g * gbytes + (b0 - g0) / SC * 64;
+        const uint8_t* pl = panel + g * gbytes + panel_planes_at(BITS, g1 - g0) + (b0 - g0) / SC * PB;
+        const __m512i lo2 = _mm512_set1_epi8(0x03), b2 = _mm512_set1_epi8(0x04);
+        for (int t = 0; t < B / 16; ++t) {
+          const bool live = 16 * t < blen;
+          const __m512i v = live ? _mm512_loadu_si512(src + 64 * t) : _mm512_setzero_si512();
+          uint64_t pw[4] = {};
+          if constexpr (BITS == 3) {
+            if (live) std::memcpy(pw, pl + PB * t, 32);
+          }
+          for (int sv = 0; sv < 4; ++sv) {
+            __m512i wv = _mm512_and_si512(_mm512_srli_epi16(v, 2 * sv), lo2);
+            if constexpr (BITS == 3) wv = _mm512_mask_add_epi8(wv, _cvtu64_mask64(pw[sv]), wv, b2);
+            _mm512_storeu_si512(out + 256 * t + 64 * sv, wv);
+          }
+        }
+      } else if constexpr (BITS == 8) {
         const uint8_t* src = panel + g * gbytes + (b0 - g0) * 16;
         for (int t = 0; t < B / 4; ++t) {
           const __m512i v = 4 * t < blen ? _mm512_loadu_si512(src + 64 * t) : _mm512_setzero_si512();
@@ -71,7 +88,7 @@ void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
         }
       } else {
         const uint8_t* src = panel + g * gbytes + (b0 - g0) * 8;
-        const uint8_t* pl = panel + g * gbytes + (g1 - g0 + 7) / 8 * 64 + (b0 - g0) / 8 * PB;
+        const uint8_t* pl = panel + g * gbytes + panel_planes_at(BITS, g1 - g0) + (b0 - g0) / SC * PB;
         for (int t = 0; t < B / 8; ++t) {
           __m512i wl = _mm512_setzero_si512(), wh = _mm512_setzero_si512();
           if (8 * t < blen) {

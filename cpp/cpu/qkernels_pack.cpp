@@ -115,10 +115,11 @@ QuantMatrix cpu_pack_quant(const QuantMatrix& m, void* dst) {
 
 namespace {
 
-// How the panels keep the values (m.bits of the packed matrix is `bits`): the narrowest of 4, a
-// 16-entry codebook, 5, 6 and 8 bits that holds every value. GGUF's 5- and 6-bit formats reach the
-// packer as bytes (the canonical form has only 4 and 8), and IQ4's non-linear levels as bytes of up
-// to 16 distinct values, so the form is read from the values, as the scale modes are.
+// How the panels keep the values (m.bits of the packed matrix is `bits`): the narrowest of 2, 3, 4,
+// a 16-entry codebook, 5, 6 and 8 bits that holds every value. GGUF's 2- and 3-bit formats reach
+// the packer as nibbles and its 5- and 6-bit ones as bytes (the canonical form has only 4 and 8),
+// and IQ4's non-linear levels as bytes of up to 16 distinct values, so the form is read from the
+// values, as the scale modes are.
 struct PanelValues {
   int32_t bits = 8;
   bool codebook = false;  // 4-bit indices into code (ascending distinct values; unused entries 0)
@@ -129,18 +130,14 @@ struct PanelValues {
 PanelValues panel_values(const QuantMatrix& m) {
   PanelValues v;
   for (int i = 0; i < 256; ++i) v.nibble[i] = static_cast<uint8_t>(i & 15);
-  if (m.bits == 4) {
-    v.bits = 4;
-    return v;
-  }
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
-  uint8_t any = 0;
+  uint8_t any = 0;  // every bit any value sets
   for (int64_t r = 0; r < m.rows; ++r) {
     const uint8_t* row = q + r * m.ld;
     for (int64_t c = 0; c < m.cols; ++c) any |= row[c];
   }
-  if (any < 16) {
-    v.bits = 4;
+  if (m.bits == 4 || any < 16) {
+    v.bits = any < 4 ? 2 : any < 8 ? 3 : 4;
     return v;
   }
   v.bits = any < 32 ? 5 : any < 64 ? 6 : 8;
@@ -167,12 +164,11 @@ PanelValues panel_values(const QuantMatrix& m) {
   return v;
 }
 
-// Bytes of group g of one panel at value width `bits`: whole 4-column (8-bit) or 8-column
-// (4/5/6-bit) steps of 64 bytes, plus 16 bytes per step and bit above 4.
+// Bytes of group g of one panel at value width `bits`: whole steps (4, 8 or 16 columns, see
+// qkernels.h) of 64 bytes and their bit planes.
 int64_t panel_group_bytes(const QuantMatrix& m, int32_t bits, int64_t g) {
   const int64_t len = std::min<int64_t>(m.group, m.cols - g * m.group);
-  if (bits == 8) return (len + 3) / 4 * 64;
-  return (len + 7) / 8 * panel_step_bytes(bits);
+  return (len + panel_step_cols(bits) - 1) / panel_step_cols(bits) * panel_step_bytes(bits);
 }
 
 int64_t panel_ld(const QuantMatrix& m, int32_t bits) {
@@ -262,6 +258,17 @@ int panel_value(const QuantMatrix& w, int64_t r, int64_t c) {
   const uint8_t* base = data + (r / 16) * w.ld + g * panel_group_bytes(w, w.bits, 0);
   const int64_t lane = r % 16;
   if (w.bits == 8) return base[(cg / 4) * 64 + lane * 4 + cg % 4];
+  if (w.bits < 4) {
+    const int64_t t = cg / 16, s = cg % 16 / 4, i = cg % 4;
+    int q = (base[t * 64 + lane * 4 + i] >> (2 * s)) & 3;
+    if (w.bits == 3) {
+      const int64_t len = std::min<int64_t>(w.group, w.cols - g * w.group);
+      const uint8_t* word = base + panel_planes_at(3, len) + t * panel_plane_bytes(3) + 8 * s;
+      const int64_t bit = lane * 4 + i;
+      q |= ((word[bit / 8] >> (bit % 8)) & 1) << 2;
+    }
+    return q;
+  }
   const int64_t j = cg % 8, t = cg / 8;
   const uint8_t b = base[t * 64 + lane * 4 + j % 4];
   int q = j >= 4 ? b >> 4 : b & 15;
@@ -303,7 +310,7 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   uint8_t* out = reinterpret_cast<uint8_t*>(base);
   const uint8_t* q = static_cast<const uint8_t*>(m.data);
   const int64_t ng = m.ngroups(), gb0 = panel_group_bytes(m, bits, 0);
-  const int64_t pb = bits == 8 ? 0 : panel_plane_bytes(bits);
+  const int64_t pb = panel_plane_bytes(bits);
   // Walks panel_value's layout a step (4 or 8 columns) at a time: this runs over every weight at
   // load, and per-element divisions made it most of the start-up time.
   for (int64_t r = 0; r < m.rows; ++r) {
@@ -315,6 +322,19 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
       uint8_t* dg = lane + g * gb0;
       if (bits == 8) {
         for (int64_t c = 0; c < len; ++c) dg[(c >> 2) * 64 + (c & 3)] = qg[c];
+      } else if (bits < 4) {
+        // Column c of step c / 16: bits 2 (c % 16 / 4) of lane byte c % 4; 3-bit: bit 2 to bit
+        // 4l + c % 4 of the step's plane word c % 16 / 4.
+        const int64_t lb = (r % 16) * 4;
+        uint8_t* planes = out + (r / 16) * p.ld + g * gb0 + panel_planes_at(bits, len);
+        for (int64_t c = 0; c < len; ++c) {
+          dg[(c >> 4) * 64 + (c & 3)] |= static_cast<uint8_t>((qg[c] & 3) << (2 * ((c >> 2) & 3)));
+          if (bits == 3) {
+            const int64_t bit = lb + (c & 3);
+            planes[(c >> 4) * pb + 8 * ((c >> 2) & 3) + bit / 8] |= static_cast<uint8_t>(((qg[c] >> 2) & 1)
+                                                                                         << (bit % 8));
+          }
+        }
       } else {
         int64_t c = 0;
         for (; c + 8 <= len; c += 8) {

@@ -64,20 +64,24 @@ FV_INLINE __m256 load_sub8(__m256 vf, const int8_t* s, int64_t i) {
 
 #include "cpu/qkernels_panel_prefetch.h"
 
-// Half h of a 5- or 6-bit step's bit planes (at pl, see qkernels.h) set into the unit's nibble
-// vectors: bits 32h .. 32h + 31 of each 64-bit word are the unit's 32 bytes. A byte mask from 32
-// bits: broadcast, each byte picks the word byte holding its bit (vpshufb), tests it (and, cmpeq).
-template <int BITS>
-FV_INLINE void add_planes8(const uint8_t* pl, int h, __m256i* wl, __m256i* wh) {
+// Half h of a 64-bit plane word (at word, see qkernels.h) as the unit's 32 bytes: value where
+// the byte's bit is set, else 0 (bits 32h .. 32h + 31 of the word are the unit's bytes). A byte
+// mask from 32 bits: broadcast, each byte picks the word byte holding its bit (vpshufb), tests it
+// (and, cmpeq).
+FV_INLINE __m256i plane_bytes8(const uint8_t* word, int h, int value) {
   const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
                                         2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
-  const auto expand = [&](int off, int value) {
-    int32_t word;
-    std::memcpy(&word, pl + off + 4 * h, 4);
-    const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(word), pick), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(static_cast<char>(value)));
-  };
+  int32_t half;
+  std::memcpy(&half, word + 4 * h, 4);
+  const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(half), pick), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(static_cast<char>(value)));
+}
+
+// Half h of a 5- or 6-bit step's bit planes (at pl) set into the unit's nibble vectors.
+template <int BITS>
+FV_INLINE void add_planes8(const uint8_t* pl, int h, __m256i* wl, __m256i* wh) {
+  const auto expand = [&](int off, int value) { return plane_bytes8(pl + off, h, value); };
   *wl = _mm256_or_si256(*wl, expand(0, 0x10));
   *wh = _mm256_or_si256(*wh, expand(8, 0x10));
   if constexpr (BITS == 6) {
@@ -95,7 +99,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   const int64_t gbytes = G * 2 * BITS;  // a full group's bytes in a panel (see qkernels.h)
-  constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
+  constexpr int64_t SC = panel_step_cols(BITS), PB = panel_plane_bytes(BITS);
   const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
   const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   // The codebook as v - 128 in s8, in both 128-bit lanes (vpshufb looks up within each lane).
@@ -141,9 +145,8 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
       const int64_t blen = min64(B, g1 - b0), bi = b0 / B;
-      const int64_t boff = g * gbytes + (b0 - g0) * (BITS == 8 ? 16 : 8);
-      const int64_t poff = BITS == 5 || BITS == 6 ? g * gbytes + (g1 - g0 + 7) / 8 * 64 + (b0 - g0) / 8 * PB
-                                                  : 0;
+      const int64_t boff = g * gbytes + (b0 - g0) / SC * 64;
+      const int64_t poff = PB ? g * gbytes + panel_planes_at(BITS, g1 - g0) + (b0 - g0) / SC * PB : 0;
       __m256i iacc[R][U];
       if constexpr (CB) {
         // Codebook indices. As u8, a level times x could make a vpmaddubsw pair 2 * 241 * 127 = 61214
@@ -182,6 +185,41 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
 #pragma GCC unroll 4
           for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
         }
+      } else if constexpr (BITS < 4) {
+        // 16-column steps, vector s = bits 2s, 2s + 1 of the step's bytes (3-bit: bit 2 from plane
+        // word s) against activations 4s .. 4s + 3. u2 x s8 pairs are at most 2 * 3 * 127 = 762,
+        // u3 x s8 ones 2 * 7 * 127 = 1778, so a step's four at most 7112 and a block's two steps
+        // (32 columns) 14224: the int16 sums cannot overflow, so widen once per block.
+        const __m256i lo2 = _mm256_set1_epi8(0x03);
+        __m256i acc16[R][U];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) acc16[r][u] = _mm256_setzero_si256();
+        const int steps = static_cast<int>((blen + 15) / 16);
+        for (int t = 0; t < steps; ++t) {
+#pragma GCC unroll 4
+          for (int sv = 0; sv < 4; ++sv) {
+            __m256i xv[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 16 * t + 4 * sv);
+#pragma GCC unroll 4
+            for (int u = 0; u < U; ++u) {
+              const __m256i wb = load_nibble_half(wbase + (p + u / 2) * w.ld + boff + 64 * t, u);
+              __m256i wv = _mm256_and_si256(_mm256_srli_epi16(wb, 2 * sv), lo2);
+              if constexpr (BITS == 3)
+                wv = _mm256_or_si256(
+                    wv, plane_bytes8(wbase + (p + u / 2) * w.ld + poff + PB * t + 8 * sv, u & 1, 0x04));
+#pragma GCC unroll 4
+              for (int r = 0; r < R; ++r)
+                acc16[r][u] = _mm256_add_epi16(acc16[r][u], _mm256_maddubs_epi16(wv, xv[r]));
+            }
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_madd_epi16(acc16[r][u], ones);
       } else if constexpr (BITS != 8) {
         // u4 x s8 pairs are at most 2 * 15 * 127 = 3810, a step's two at most 7620, and a block has
         // at most 4 steps (32 columns): the int16 sums cannot overflow, so widen once per block.

@@ -17,7 +17,7 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   const int64_t gbytes = G * 2 * w.bits;  // a full group's bytes in a panel (see qkernels.h)
-  const int planes = w.bits == 8 ? 0 : w.bits - 4;
+  const int planes = w.bits > 4 && w.bits < 8 ? w.bits - 4 : 0;
   const uint8_t* data = static_cast<const uint8_t*>(w.data);
   const bool hz = w.zero != nullptr || w.zero_point != 0;
   for (int64_t p = p0; p < p1; ++p)
@@ -36,7 +36,7 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
           const float mn = w.min ? panel_scale_at(w, true, j, g) : 0.f;
           const int64_t g0 = g * G, g1 = std::min<int64_t>(g0 + G, k);
           // This lane's part of group g's bit planes, after the group's nibble steps.
-          const uint8_t* gp = data + p * w.ld + g * gbytes + (g1 - g0 + 7) / 8 * 64;
+          const uint8_t* gp = data + p * w.ld + g * gbytes + panel_planes_at(w.bits, g1 - g0);
           for (int64_t b0 = g0; b0 < g1; b0 += B) {
             const int64_t b1 = std::min<int64_t>(b0 + B, g1), bi = b0 / B;
             int32_t isum = 0;
@@ -45,6 +45,14 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
               int q;
               if (w.bits == 8) {
                 q = wl[g * gbytes + (cg >> 2) * 64 + (cg & 3)];
+              } else if (w.bits < 4) {
+                const int64_t s = (cg >> 2) & 3;
+                q = (wl[g * gbytes + (cg >> 4) * 64 + (cg & 3)] >> (2 * s)) & 3;
+                if (w.bits == 3) {
+                  const int bit = lane * 4 + static_cast<int>(cg & 3);
+                  const uint8_t* word = gp + (cg >> 4) * panel_plane_bytes(3) + 8 * s;
+                  q |= ((word[bit >> 3] >> (bit & 7)) & 1) << 2;
+                }
               } else {
                 const uint8_t byte = wl[g * gbytes + (cg >> 3) * 64 + (cg & 3)];
                 const bool high = (cg & 7) >= 4;

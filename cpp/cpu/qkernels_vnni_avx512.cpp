@@ -42,7 +42,7 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   const int64_t gbytes = G * 2 * BITS;  // bytes of a full group in a panel (see qkernels.h)
-  constexpr int64_t PB = BITS == 5 || BITS == 6 ? panel_plane_bytes(BITS) : 0;
+  constexpr int64_t SC = panel_step_cols(BITS), PB = panel_plane_bytes(BITS);
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
   // The codebook in every 128-bit lane: vpshufb turns a vector of indices into their u8 values.
   const __m512i cb = CB ? _mm512_broadcast_i32x4(
@@ -67,10 +67,37 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
 #pragma GCC unroll 4
         for (int c = 0; c < PC; ++c) iacc[r][c] = _mm512_setzero_si512();
       // Byte offset of this block inside each panel's row of groups, and of its bit planes.
-      const int64_t boff = g * gbytes + (b0 - g0) * (BITS == 8 ? 16 : 8);
-      const int64_t poff = BITS == 5 || BITS == 6 ? g * gbytes + (g1 - g0 + 7) / 8 * 64 + (b0 - g0) / 8 * PB
-                                                  : 0;
-      if constexpr (BITS == 8) {
+      const int64_t boff = g * gbytes + (b0 - g0) / SC * 64;
+      const int64_t poff = PB ? g * gbytes + panel_planes_at(BITS, g1 - g0) + (b0 - g0) / SC * PB : 0;
+      if constexpr (BITS < 4) {
+        // 16-column steps: vector s of a step is its bytes' bits 2s, 2s + 1 (and for 3-bit, bit 2
+        // from plane word s), against activations 4s .. 4s + 3 of the step.
+        const __m512i lo2 = _mm512_set1_epi8(0x03), b2 = _mm512_set1_epi8(0x04);
+        const int steps = static_cast<int>((blen + 15) / 16);
+        for (int t = 0; t < steps; ++t) {
+          __m512i wb[PC];
+          uint64_t pw[PC][4];
+#pragma GCC unroll 4
+          for (int c = 0; c < PC; ++c) {
+            const uint8_t* wp = static_cast<const uint8_t*>(w.data) + (p + c) * w.ld;
+            wb[c] = _mm512_loadu_si512(wp + boff + 64 * t);
+            if constexpr (BITS == 3) std::memcpy(pw[c], wp + poff + PB * t, 32);
+          }
+#pragma GCC unroll 4
+          for (int sv = 0; sv < 4; ++sv) {
+            __m512i xv[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 16 * t + 4 * sv);
+#pragma GCC unroll 4
+            for (int c = 0; c < PC; ++c) {
+              __m512i wv = _mm512_and_si512(_mm512_srli_epi16(wb[c], 2 * sv), lo2);
+              if constexpr (BITS == 3) wv = _mm512_mask_add_epi8(wv, _cvtu64_mask64(pw[c][sv]), wv, b2);
+#pragma GCC unroll 4
+              for (int r = 0; r < R; ++r) iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wv, xv[r]);
+            }
+          }
+        }
+      } else if constexpr (BITS == 8) {
         const int steps = static_cast<int>((blen + 3) / 4);
         for (int t = 0; t < steps; ++t) {
           __m512i xv[R];

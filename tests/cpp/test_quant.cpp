@@ -118,6 +118,13 @@ const Spec kSpecs[] = {
     {8, 32, true, true, false, 6},
     {8, 0, true, false, false, 6},
     {8, 32, false, true, false, 4},
+    // Nibbles (or bytes) the panels keep at 2 bits (Q2_K) or 3 (Q3_K), in 16-column steps.
+    {4, 16, false, true, false, 2},
+    {4, 32, true, false, true, 2},
+    {8, 64, true, false, false, 2},
+    {4, 16, false, false, false, 3},
+    {4, 0, false, true, false, 3},
+    {8, 32, true, true, false, 3},
     // 16 byte levels, kept as codebook indices: IQ4_NL / IQ4_XS-like, and levels at 0 and 255.
     {8, 32, false, false, false, 0, 1},
     {8, 16, false, true, false, 0, 1},
@@ -392,6 +399,28 @@ TEST(QuantPanel, NarrowValuesKeepTheirWidth) {
   t = random_quant(16, 64, {8, 32, false, false, false, 4}, 46);
   EXPECT_EQ(pack_panel(t).w.bits, 4);
   EXPECT_EQ(pack_panel(t).w.codebook, nullptr);
+}
+
+TEST(QuantPanel, TwoAndThreeBitValuesKeepTheirWidth) {
+  // Q2_K-like: nibbles < 4, group 16, factored scale and min: 0.25 bytes per value, an int8
+  // sub-scale and sub-min per 16, f16 factors per super-block of 8 groups.
+  QuantTensor t = random_quant(64, 512, {4, 16, false, true, false, 2}, 61);
+  factor_scales(&t, 62);
+  EXPECT_EQ(pack_panel(t).w.bits, 2);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 512 / 4 + 2 * 64 * 32 + 2 * 64 * 4 * 2);
+  // Q3_K-like: values < 8: 0.375 bytes per value (0.25 + one bit plane).
+  t = random_quant(64, 512, {4, 16, false, false, false, 3}, 63);
+  factor_scales(&t, 64);
+  EXPECT_EQ(pack_panel(t).w.bits, 3);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 512 * 3 / 8 + 64 * 32 + 64 * 4 * 2);
+  // One value of 4 (or 8) is enough to need the wider form; bytes narrow the same way.
+  t = random_quant(16, 64, {4, 32, false, false, false, 2}, 65);
+  t.q[17] = 4;
+  EXPECT_EQ(pack_panel(t).w.bits, 3);
+  t.q[17] = 8;
+  EXPECT_EQ(pack_panel(t).w.bits, 4);
+  t = random_quant(16, 64, {8, 32, false, false, false, 3}, 66);
+  EXPECT_EQ(pack_panel(t).w.bits, 3);
 }
 
 TEST(QuantPanel, SixteenLevelsBecomeCodebookIndices) {
@@ -1090,8 +1119,8 @@ TEST(QuantPanel, ResidentBytesPerWeight) {
       {model::kGgmlQ8_0, 34. / 32, 34. / 32},     {model::kGgmlQ5_0, 22. / 32, 22. / 32},
       {model::kGgmlQ5_1, 24. / 32, 24. / 32},     {model::kGgmlIQ4_NL, 18. / 32, 18. / 32},
       {model::kGgmlQ4_K, 144. / 256, 148. / 256}, {model::kGgmlQ5_K, 176. / 256, 180. / 256},
-      {model::kGgmlQ6_K, 210. / 256, 210. / 256}, {model::kGgmlQ2_K, 84. / 256, 164. / 256},
-      {model::kGgmlQ3_K, 110. / 256, 146. / 256}, {model::kGgmlIQ4_XS, 136. / 256, 138. / 256},
+      {model::kGgmlQ6_K, 210. / 256, 210. / 256}, {model::kGgmlQ2_K, 84. / 256, 100. / 256},
+      {model::kGgmlQ3_K, 110. / 256, 114. / 256}, {model::kGgmlIQ4_XS, 136. / 256, 138. / 256},
   };
   const int64_t n = 64, k = 1024;
   for (const Want& w : types) {

@@ -409,15 +409,21 @@ def test_quantized_checkpoint_generates_like_its_dense_twin(tmp_path: Path, fmt:
     np.testing.assert_allclose(quant._model.score(ids), dense._model.score(ids), atol=2e-4, rtol=1e-4)
 
 
-def _k_quant_gguf(path: Path) -> dict[str, tuple[np.ndarray, int, int]]:
+# The one-layer GGUF's linear types: K-quants beside legacy blocks, and the 2- / 3-bit K-quants
+# (kept as 2-bit steps and a bit plane).
+K_QUANT_MIXES = {"k": (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q6_K), "low": (Q2_K, Q3_K, Q3_K, Q2_K, Q2_K, Q3_K, Q2_K)}
+
+
+def _k_quant_gguf(path: Path, mix: str = "k") -> dict[str, tuple[np.ndarray, int, int]]:
     """A one-layer llama GGUF whose linears are random valid K-quant / legacy blocks."""
     import gguf
 
     rng = np.random.default_rng(11)
     hidden, inter, vocab = 256, 512, 64
-    types = {"attn_q": (Q4_K, hidden, hidden), "attn_k": (Q5_K, 128, hidden), "attn_v": (Q6_K, 128, hidden),
-             "attn_output": (Q8_0, hidden, hidden), "ffn_gate": (Q4_0, inter, hidden),
-             "ffn_up": (Q4_1, inter, hidden), "ffn_down": (Q6_K, hidden, inter)}
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (128, hidden), "attn_v": (128, hidden),
+              "attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
+              "ffn_down": (hidden, inter)}
+    types = {part: (t, *shape) for (part, shape), t in zip(shapes.items(), K_QUANT_MIXES[mix])}
     w = _gguf_header(path, hidden, inter, 1, vocab, heads=4, kv_heads=2)
     out: dict[str, tuple[np.ndarray, int, int]] = {}
     w.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden)).astype(np.float32) * 0.5)
@@ -433,15 +439,17 @@ def _k_quant_gguf(path: Path) -> dict[str, tuple[np.ndarray, int, int]]:
 
 
 @needs_quant_core
-def test_k_quant_gguf_loads_like_its_dequantized_twin(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mix", list(K_QUANT_MIXES))
+def test_k_quant_gguf_loads_like_its_dequantized_twin(tmp_path: Path, mix: str) -> None:
     from fantai.loader import load_model
 
     path = tmp_path / "kq.gguf"
-    _k_quant_gguf(path)
+    _k_quant_gguf(path, mix)
     quant = load_model(str(path), "float32").model
     dense = load_model(str(path), "float32", dequantize=True).model
     formats = quant.weight_formats()
-    assert {"q4_k", "q5_k", "q6_k"} <= {v.lower() for v in formats.values()}, formats
+    want = {"q4_k", "q5_k", "q6_k"} if mix == "k" else {"q2_k", "q3_k"}
+    assert want <= {v.lower() for v in formats.values()}, formats
     assert quant.weight_bytes() < dense.weight_bytes() / 3
     ids = [1, 5, 9, 33, 12, 40, 2, 7]
     np.testing.assert_allclose(quant.score(ids), dense.score(ids), atol=1e-3, rtol=1e-3)

@@ -190,7 +190,7 @@ struct QFormat {
   int factor = 0;
   bool keep_factors = false;
   // Bits of the stored values when fewer than `bits` (GGUF Q5_x / Q6_K: 5- or 6-bit values the
-  // canonical form holds as bytes); 0: all `bits`.
+  // canonical form holds as bytes; Q2_K / Q3_K: 2- or 3-bit values in nibbles); 0: all `bits`.
   int width = 0;
   // Values drawn from GGUF IQ4's 16 non-linear levels (int8 level + 128, as the decoder gives
   // them), which the CPU keeps as 4-bit codebook indices.
@@ -322,6 +322,8 @@ const QFormat kKFormats[] = {{"q4_k", 4, 32, 0, true, 8, true},
                              {"q5_1", 8, 32, 0, true, 0, false, 5},
                              {"iq4_nl", 8, 32, 128, false, 0, false, 0, true},
                              {"iq4_xs", 8, 32, 128, false, 8, true, 0, true},
+                             {"q3_k", 4, 16, 4, false, 16, true, 3},
+                             {"q2_k", 4, 16, 0, true, 16, true, 2},
                              {"q4_0", 4, 32, 8, false},
                              {"q4_1", 4, 32, 0, true},
                              {"q8_0", 8, 32, 128, false}};

@@ -31,8 +31,9 @@ from gguf.quants import dequantize, quantize
 # (elements, bytes) per block and the byte offsets of its f16 fields, with a scale size that keeps
 # weights around 0.01-0.05.
 BLOCKS = {T.Q4_K: (256, 144, (0, 2), 0.0003), T.Q6_K: (256, 210, (208,), 0.0003),
-          T.Q5_K: (256, 176, (0, 2), 0.0003), T.Q8_0: (32, 34, (0,), 0.0006)}
-TYPES = {"q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K}
+          T.Q5_K: (256, 176, (0, 2), 0.0003), T.Q3_K: (256, 110, (108,), 0.0003),
+          T.Q2_K: (256, 84, (80, 82), 0.001), T.Q8_0: (32, 34, (0,), 0.0006)}
+TYPES = {"q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K}
 
 
 def random_blocks(t: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

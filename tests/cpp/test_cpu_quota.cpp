@@ -5,30 +5,15 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "cpu/cpu_quota.h"
+#include "test_support.h"
 
 namespace fantai {
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Tree {
-  fs::path root;
-  Tree() {
-    char tmpl[] = "/tmp/fantai_cgroup_XXXXXX";
-    root = mkdtemp(tmpl);
-  }
-  ~Tree() { fs::remove_all(root); }
-  void put(const std::string& rel, const std::string& text) const {
-    const fs::path p = root / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-  }
-};
+using Tree = test::TempTree;
 
 TEST(CgroupQuota, V2OwnLimitRoundsUp) {
   Tree t;

@@ -16,6 +16,7 @@
 
 #include "cpu/cpu_topology.h"
 #include "cpu/thread_pool.h"
+#include "test_support.h"
 
 namespace fantai {
 namespace {
@@ -23,26 +24,15 @@ namespace {
 namespace fs = std::filesystem;
 using cpu::CpuPlace;
 
-struct Sysfs {
-  fs::path root;
-  Sysfs() {
-    char tmpl[] = "/tmp/fantai_sysfs_XXXXXX";
-    root = mkdtemp(tmpl);
-  }
-  ~Sysfs() { fs::remove_all(root); }
-  void put(const std::string& rel, const std::string& text) const {
-    const fs::path p = root / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text << "\n";
-  }
+struct Sysfs : test::TempTree {
   // cpu c: SMT siblings and L3 sharers as sysfs lists (L3 in index3, L2 in index2 as decoy).
   void cpu(int c, const std::string& siblings, const std::string& l3) const {
     const std::string d = "cpu" + std::to_string(c);
-    put(d + "/topology/thread_siblings_list", siblings);
-    put(d + "/cache/index2/level", "2");
-    put(d + "/cache/index2/shared_cpu_list", siblings);
-    put(d + "/cache/index3/level", "3");
-    put(d + "/cache/index3/shared_cpu_list", l3);
+    put(d + "/topology/thread_siblings_list", siblings + "\n");
+    put(d + "/cache/index2/level", "2\n");
+    put(d + "/cache/index2/shared_cpu_list", siblings + "\n");
+    put(d + "/cache/index3/level", "3\n");
+    put(d + "/cache/index3/shared_cpu_list", l3 + "\n");
   }
 };
 

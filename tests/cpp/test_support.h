@@ -2,12 +2,39 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include "cpu/cpu_features.h"
 
 namespace fantai::test {
+
+// A scratch directory under /tmp, removed with the object: the fake sysfs and cgroup trees the
+// CPU topology and quota readers are tested on.
+struct TempTree {
+  std::filesystem::path root;
+  TempTree() {
+    char tmpl[] = "/tmp/fantai_tree_XXXXXX";
+    root = mkdtemp(tmpl);
+  }
+  TempTree(const TempTree&) = delete;
+  TempTree& operator=(const TempTree&) = delete;
+  ~TempTree() {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
+  // rel's file (and its directories) holding exactly text.
+  void put(const std::string& rel, const std::string& text) const {
+    const std::filesystem::path p = root / rel;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+};
 
 // Every ISA level this CPU can run, portable first: each kernel test sweeps them all.
 inline std::vector<cpu::Isa> isa_levels() {

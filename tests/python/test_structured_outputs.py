@@ -372,7 +372,10 @@ def test_llm_generate_structured_outputs(llm: Any) -> None:
                          use_tqdm=False)
     assert len(plain[0].outputs[0].token_ids) == 8
     assert llm.grammars.fills == 0  # no constrained row: the core never called the provider
-    schema = Pet.model_json_schema()
+    # No extra properties: pydantic's schema allows them, and a sampled extra property (an object
+    # of unbounded numbers) can outrun any token budget, so whether the row stops would depend on
+    # the machine's numerics. Without them the object is at most ~35 characters.
+    schema = {**Pet.model_json_schema(), "additionalProperties": False}
     prompts = ["A pet as JSON:", "Another pet, as JSON:"]
     params = [SamplingParams(temperature=0.9, seed=s, n=3, max_tokens=60, logprobs=2,
                              structured_outputs=StructuredOutputsParams(json=schema))

@@ -195,6 +195,8 @@ struct QFormat {
   // Values drawn from GGUF IQ4's 16 non-linear levels (int8 level + 128, as the decoder gives
   // them), which the CPU keeps as 4-bit codebook indices.
   bool iq4 = false;
+  // Bits of the per-group integers the factored scales and mins multiply (Q2_K: 4, the rest 6).
+  int sub_bits = 6;
 };
 const QFormat kQFormats[] = {{"q4_1", 4, 32, 0, true},
                              {"q4_0", 4, 32, 8, false},
@@ -232,11 +234,12 @@ struct QWeight {
       t.iscale.resize(rows * ng);
       for (int64_t i = 0; i < rows * nsup; ++i)
         t.fscale[i] = f16_to_f32(f32_to_f16(0.0011f + 1e-6f * (i % 97)));
-      for (int64_t i = 0; i < rows * ng; ++i) t.iscale[i] = static_cast<int8_t>(1 + g() % 63);
+      const uint32_t sub_range = 1u << f.sub_bits;
+      for (int64_t i = 0; i < rows * ng; ++i) t.iscale[i] = static_cast<int8_t>(1 + g() % (sub_range - 1));
       if (f.min) {
         t.fmin.assign(rows * nsup, f16_to_f32(f32_to_f16(-0.0013f)));
         t.imin.resize(rows * ng);
-        for (auto& v : t.imin) v = static_cast<int8_t>(g() % 64);
+        for (auto& v : t.imin) v = static_cast<int8_t>(g() % sub_range);
       }
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < ng; ++j) {
@@ -323,13 +326,15 @@ const QFormat kKFormats[] = {{"q4_k", 4, 32, 0, true, 8, true},
                              {"iq4_nl", 8, 32, 128, false, 0, false, 0, true},
                              {"iq4_xs", 8, 32, 128, false, 8, true, 0, true},
                              {"q3_k", 4, 16, 4, false, 16, true, 3},
-                             {"q2_k", 4, 16, 0, true, 16, true, 2},
+                             {"q2_k", 4, 16, 0, true, 16, true, 2, false, 4},
                              {"q4_0", 4, 32, 8, false},
                              {"q4_1", 4, 32, 0, true},
                              {"q8_0", 8, 32, 128, false}};
 
-void bench_kstep(Backend& b, const QFormat& f) {
-  const int64_t n = 4096, k = 4096, count = 24;
+// in_cache: 24 matrices of [1024, 1024] instead (9-25 MB: in a 32 MB L3), which leaves the
+// kernel's own cost per weight, steadier than DRAM on a shared host, to compare two builds on.
+void bench_kstep(Backend& b, const QFormat& f, bool in_cache) {
+  const int64_t n = in_cache ? 1024 : 4096, k = n, count = 24;
   std::vector<QWeight> ws;
   size_t bytes = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -341,9 +346,11 @@ void bench_kstep(Backend& b, const QFormat& f) {
   const double us = time_us([&] {
     for (const QWeight& w : ws) b.linear_q(x.data(), w.w, nullptr, y.data(), 1, n);
   });
-  std::printf("kstep %-16s 24 x [4096, 4096] m=1: %8.0f us  %6.3f B/weight  %6.1f GB/s", f.name, us,
+  std::printf("kstep %-16s 24 x [%lld, %lld] m=1: %8.0f us  %6.3f B/weight  %6.1f GB/s", f.name,
+              static_cast<long long>(n), static_cast<long long>(k), us,
               static_cast<double>(bytes) / (count * n * k), bytes / us * 1e-3);
-  if (g_read_gbs > 0)
+  if (in_cache) std::printf("  (%.1f ps per weight, in cache)", us * 1e6 / (count * n * k));
+  else if (g_read_gbs > 0)
     std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
   std::printf("\n");
 }
@@ -1262,7 +1269,7 @@ int run_short(Backend& b, const Want& want) {
 int main(int argc, char** argv) {
   int threads = 0;
   cpu::Isa isa = cpu::active_isa();
-  std::string only, precision = "float32";
+  std::string only, precision = "float32", formats;
   bool min_ms_given = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -1278,12 +1285,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--short")) g_short = true;
+    else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) formats = "," + std::string(argv[++i]) + ",";
     else {
       std::fprintf(
           stderr,
           "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-          "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|kstep|amx-decode|moe] [--cpu-time] "
-          "[--matmul-precision float32|bfloat16]\n",
+          "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|kstep|kstep-cache|amx-decode|moe] "
+          "[--formats q3_k,q2_k,...] [--cpu-time] [--matmul-precision float32|bfloat16]\n",
           argv[0]);
       return 2;
     }
@@ -1379,9 +1387,12 @@ int main(int argc, char** argv) {
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kF32);
     bench_attention(*b, "chunk  ", 4, 64, 1024, DType::kBF16);
   }
-  if (only == "kstep") {  // not in the default run: 0.2-0.4 GB of weights
-    if (g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());
-    for (const QFormat& f : kKFormats) bench_kstep(*b, f);
+  if (only == "kstep" || only == "kstep-cache") {  // not in the default run: 0.2-0.4 GB of weights
+    const bool in_cache = only == "kstep-cache";
+    if (!in_cache && g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());
+    for (const QFormat& f : kKFormats)
+      if (formats.empty() || formats.find("," + std::string(f.name) + ",") != std::string::npos)
+        bench_kstep(*b, f, in_cache);
   }
   if (only == "moe") {  // not in the default run: the experts take 0.4-1.2 GB
     if (g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());

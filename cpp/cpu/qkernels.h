@@ -64,10 +64,12 @@ const QKernelTable& qkernels_for(Isa isa);
 // So AVX-512 rebuilds a vector with one masked byte add of 16 (or 32) per plane, the word as the
 // mask. 2- and 3-bit values (GGUF Q2_K, Q3_K) take steps of 16 columns in the same 64 bytes:
 // lane bytes i = 0..3 of a step hold columns c + 4s + i (s = 0..3) in bits 2s, 2s + 1, so
-// (v >> 2s) & 3 is the 4-column vector s; 3-bit adds one plane per step of four 64-bit words,
-// word s holding bit 2 of vector s (added as 4). A group's planes follow its steps: group bytes =
-// steps * panel_step_bytes(bits), i.e. 2 * bits bytes per column, and a group of 32 (or 16) stays
-// a whole number of cache lines.
+// (v >> 2s) & 3 is the 4-column vector s; 3-bit adds a 32-byte plane per step holding bit 2
+// (added as 4): bit 4h + s of plane byte j is that bit of vector s's byte 32h + j, so each half
+// of a step reads its four high bits from one nibble of the same 32 bytes (AVX2: a shift and a
+// mask per vector; AVX-512: one vptestmb mask per vector). A group's planes follow its steps:
+// group bytes = steps * panel_step_bytes(bits), i.e. 2 * bits bytes per column, and a group of
+// 32 (or 16) stays a whole number of cache lines.
 // scale / zero / min are panel-major: [panels, ngroups, 16]. When every scale and min is an f16
 // value (GGUF Q4_0/Q4_1/Q8_0 store them so) they are kept as f16 (kCpuQuantPanelHalfLayout;
 // the float pointers then point at uint16 data), which keeps the resident size at the file's.
@@ -81,10 +83,14 @@ const QKernelTable& qkernels_for(Isa isa);
 // (kCpuQuantPanelSubLayout): iscale / imin int8 [panels, ngroups, 16] (scale and min point at the
 // same bytes), fscale / fmin f16 [panels, ngroups / fgroups, 16] (float pointers at uint16 data).
 // The kernels form scale = fscale * float(iscale) per group and lane: the one f32 product ggml
-// forms, so every result is bit-equal to the f32 layout's.
+// forms, so every result is bit-equal to the f32 layout's. 2-bit values with a min whose sub-scales
+// and sub-mins all lie in 0 .. 15 (GGUF Q2_K) keep them as the file does, a byte per group and
+// lane, sub-scale in the low nibble and sub-min in the high one (kCpuQuantPanelSubNibbleLayout:
+// iscale, imin, scale and min all point at those bytes), so Q2_K sits at its file's size.
 constexpr int32_t kCpuQuantPanelLayout = 2;
 constexpr int32_t kCpuQuantPanelHalfLayout = 3;
 constexpr int32_t kCpuQuantPanelSubLayout = 4;
+constexpr int32_t kCpuQuantPanelSubNibbleLayout = 5;
 // Columns of one 64-byte step at value width bits; bytes of its bit planes (3, 5 or 6 bits); the
 // whole step's bytes; and where a group of len columns keeps its planes, after its steps.
 constexpr int64_t panel_step_cols(int32_t bits) { return bits == 8 ? 4 : bits >= 4 ? 8 : 16; }
@@ -97,14 +103,16 @@ constexpr int64_t panel_planes_at(int32_t bits, int64_t len) {
 }
 inline bool is_panel_layout(int32_t layout) {
   return layout == kCpuQuantPanelLayout || layout == kCpuQuantPanelHalfLayout ||
-         layout == kCpuQuantPanelSubLayout;
+         layout == kCpuQuantPanelSubLayout || layout == kCpuQuantPanelSubNibbleLayout;
 }
 // How a panel matrix keeps its scales and mins (the kernels' compile-time HS parameter).
-constexpr int kScaleF32 = 0, kScaleF16 = 1, kScaleSub = 2;
+constexpr int kScaleF32 = 0, kScaleF16 = 1, kScaleSub = 2, kScaleSubNibble = 3;
+constexpr bool is_sub_scale_mode(int hs) { return hs == kScaleSub || hs == kScaleSubNibble; }
 inline int panel_scale_mode(int32_t layout) {
-  return layout == kCpuQuantPanelHalfLayout  ? kScaleF16
-         : layout == kCpuQuantPanelSubLayout ? kScaleSub
-                                             : kScaleF32;
+  return layout == kCpuQuantPanelHalfLayout        ? kScaleF16
+         : layout == kCpuQuantPanelSubLayout       ? kScaleSub
+         : layout == kCpuQuantPanelSubNibbleLayout ? kScaleSubNibble
+                                                   : kScaleF32;
 }
 bool cpu_has_avx512_vnni();
 size_t cpu_quant_panel_bytes(const QuantMatrix& canonical);

@@ -70,13 +70,11 @@ void unpack_panel(const QuantMatrix& w, int64_t p, int B, uint8_t* dst) {
         for (int t = 0; t < B / 16; ++t) {
           const bool live = 16 * t < blen;
           const __m512i v = live ? _mm512_loadu_si512(src + 64 * t) : _mm512_setzero_si512();
-          uint64_t pw[4] = {};
-          if constexpr (BITS == 3) {
-            if (live) std::memcpy(pw, pl + PB * t, 32);
-          }
+          const __m512i hb = BITS == 3 && live ? plane3(pl + PB * t) : _mm512_setzero_si512();
           for (int sv = 0; sv < 4; ++sv) {
             __m512i wv = _mm512_and_si512(_mm512_srli_epi16(v, 2 * sv), lo2);
-            if constexpr (BITS == 3) wv = _mm512_mask_add_epi8(wv, _cvtu64_mask64(pw[sv]), wv, b2);
+            if constexpr (BITS == 3)
+              wv = _mm512_mask_add_epi8(wv, _mm512_test_epi8_mask(hb, plane3_bit(sv)), wv, b2);
             _mm512_storeu_si512(out + 256 * t + 64 * sv, wv);
           }
         }

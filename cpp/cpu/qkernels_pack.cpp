@@ -217,8 +217,19 @@ bool sub_scales(const QuantMatrix& m) {
   return true;
 }
 
-int panel_mode(const QuantMatrix& m) {
-  return sub_scales(m) ? kScaleSub : half_scales(m) ? kScaleF16 : kScaleF32;
+// Whether factored 2-bit values' sub-scales and sub-mins all fit a nibble (Q2_K's do): only then
+// the nibble mode, which the kernels instantiate for 2-bit values with a min alone.
+bool nibble_sub_scales(const QuantMatrix& m, const PanelValues& pv) {
+  if (pv.bits != 2 || !m.min) return false;
+  const int64_t n = m.rows * m.ngroups();
+  for (int64_t i = 0; i < n; ++i)
+    if (m.iscale[i] < 0 || m.iscale[i] > 15 || m.imin[i] < 0 || m.imin[i] > 15) return false;
+  return true;
+}
+
+int panel_mode(const QuantMatrix& m, const PanelValues& pv) {
+  if (sub_scales(m)) return nibble_sub_scales(m, pv) ? kScaleSubNibble : kScaleSub;
+  return half_scales(m) ? kScaleF16 : kScaleF32;
 }
 
 Offsets panel_offsets(const QuantMatrix& m, const PanelValues& pv, int mode) {
@@ -233,11 +244,11 @@ Offsets panel_offsets(const QuantMatrix& m, const PanelValues& pv, int mode) {
   at = align64(at + n * es);
   o.zero = at;
   if (!uniform_zero(m, &zp)) at = align64(at + n);
-  o.min = at;
-  if (m.min) at = align64(at + n * es);
+  o.min = mode == kScaleSubNibble ? o.scale : at;  // the scale bytes' high nibbles
+  if (m.min && mode != kScaleSubNibble) at = align64(at + n * es);
   o.perm = at;
   if (m.perm) at = align64(at + static_cast<size_t>(m.cols) * sizeof(int32_t));
-  if (mode == kScaleSub) {
+  if (is_sub_scale_mode(mode)) {
     const size_t nf = static_cast<size_t>(panels * (m.ngroups() / m.fgroups) * 16) * 2;
     o.fscale = at;
     at = align64(at + nf);
@@ -263,9 +274,9 @@ int panel_value(const QuantMatrix& w, int64_t r, int64_t c) {
     int q = (base[t * 64 + lane * 4 + i] >> (2 * s)) & 3;
     if (w.bits == 3) {
       const int64_t len = std::min<int64_t>(w.group, w.cols - g * w.group);
-      const uint8_t* word = base + panel_planes_at(3, len) + t * panel_plane_bytes(3) + 8 * s;
-      const int64_t bit = lane * 4 + i;
-      q |= ((word[bit / 8] >> (bit % 8)) & 1) << 2;
+      const uint8_t* plane = base + panel_planes_at(3, len) + t * panel_plane_bytes(3);
+      const int64_t j = lane * 4 + i;  // the step byte
+      q |= ((plane[j % 32] >> (4 * (j / 32) + s)) & 1) << 2;
     }
     return q;
   }
@@ -288,20 +299,24 @@ int panel_value(const QuantMatrix& w, int64_t r, int64_t c) {
 
 size_t cpu_quant_panel_bytes(const QuantMatrix& m) {
   check_quant_matrix(m);
-  return panel_offsets(m, panel_values(m), panel_mode(m)).total;
+  const PanelValues pv = panel_values(m);
+  return panel_offsets(m, pv, panel_mode(m, pv)).total;
 }
 
 QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   check_quant_matrix(m);
-  const int mode = panel_mode(m);
   const PanelValues pv = panel_values(m);
+  const int mode = panel_mode(m, pv);
   const int32_t bits = pv.bits;
-  const bool half = mode == kScaleF16, sub = mode == kScaleSub;
+  const bool half = mode == kScaleF16, sub = is_sub_scale_mode(mode), nib = mode == kScaleSubNibble;
   const Offsets o = panel_offsets(m, pv, mode);
   char* base = static_cast<char*>(dst);
   std::memset(base, 0, o.total);
   QuantMatrix p = m;
-  p.layout = sub ? kCpuQuantPanelSubLayout : half ? kCpuQuantPanelHalfLayout : kCpuQuantPanelLayout;
+  p.layout = nib    ? kCpuQuantPanelSubNibbleLayout
+             : sub  ? kCpuQuantPanelSubLayout
+             : half ? kCpuQuantPanelHalfLayout
+                    : kCpuQuantPanelLayout;
   p.fgroups = sub ? m.fgroups : 0;
   p.fscale = p.fmin = nullptr;
   p.iscale = p.imin = nullptr;
@@ -324,15 +339,15 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
         for (int64_t c = 0; c < len; ++c) dg[(c >> 2) * 64 + (c & 3)] = qg[c];
       } else if (bits < 4) {
         // Column c of step c / 16: bits 2 (c % 16 / 4) of lane byte c % 4; 3-bit: bit 2 to bit
-        // 4l + c % 4 of the step's plane word c % 16 / 4.
+        // 4 (j / 32) + c % 16 / 4 of the step's plane byte j % 32, j = 4l + c % 4 the step byte.
         const int64_t lb = (r % 16) * 4;
         uint8_t* planes = out + (r / 16) * p.ld + g * gb0 + panel_planes_at(bits, len);
         for (int64_t c = 0; c < len; ++c) {
           dg[(c >> 4) * 64 + (c & 3)] |= static_cast<uint8_t>((qg[c] & 3) << (2 * ((c >> 2) & 3)));
           if (bits == 3) {
-            const int64_t bit = lb + (c & 3);
-            planes[(c >> 4) * pb + 8 * ((c >> 2) & 3) + bit / 8] |= static_cast<uint8_t>(((qg[c] >> 2) & 1)
-                                                                                         << (bit % 8));
+            const int64_t j = lb + (c & 3);
+            planes[(c >> 4) * pb + (j & 31)] |= static_cast<uint8_t>(((qg[c] >> 2) & 1)
+                                                                     << (4 * (j >> 5) + ((c >> 2) & 3)));
           }
         }
       } else {
@@ -374,7 +389,9 @@ QuantMatrix cpu_pack_quant_panel(const QuantMatrix& m, void* dst) {
   for (int64_t r = 0; r < m.rows; ++r)
     for (int64_t g = 0; g < ng; ++g) {
       const size_t at = static_cast<size_t>(((r / 16) * ng + g) * 16 + r % 16);
-      if (sub) {
+      if (nib) {
+        base[o.scale + at] = static_cast<char>(m.iscale[r * ng + g] | (m.imin[r * ng + g] << 4));
+      } else if (sub) {
         base[o.scale + at] = static_cast<char>(m.iscale[r * ng + g]);
         if (m.min) base[o.min + at] = static_cast<char>(m.imin[r * ng + g]);
       } else {
@@ -423,11 +440,15 @@ float panel_scale_at(const QuantMatrix& w, bool of_min, int64_t r, int64_t g) {
   const float* a = of_min ? w.min : w.scale;
   switch (panel_scale_mode(w.layout)) {
     case kScaleF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(a)[i]);
-    case kScaleSub: {
+    case kScaleSub:
+    case kScaleSubNibble: {
       const int64_t nsup = ng / w.fgroups;
       const size_t si = static_cast<size_t>(((r / 16) * nsup + g / w.fgroups) * 16 + r % 16);
       const float f = f16_to_f32(reinterpret_cast<const uint16_t*>(of_min ? w.fmin : w.fscale)[si]);
-      return f * static_cast<float>((of_min ? w.imin : w.iscale)[i]);
+      int sub = (of_min ? w.imin : w.iscale)[i];
+      if (panel_scale_mode(w.layout) == kScaleSubNibble)
+        sub = (static_cast<uint8_t>(sub) >> (of_min ? 4 : 0)) & 15;
+      return f * static_cast<float>(sub);
     }
     default: return a[i];
   }

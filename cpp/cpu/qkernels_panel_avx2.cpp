@@ -62,6 +62,14 @@ FV_INLINE __m256 load_sub8(__m256 vf, const int8_t* s, int64_t i) {
       vf, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i)))));
 }
 
+// The nibble sub-scale layout's 8 lanes from element i: factor times low (scale) or high (min) nibbles.
+FV_INLINE __m256 load_sub_nibble8(__m256 vf, const int8_t* s, int64_t i, bool high) {
+  __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i));
+  if (high) v = _mm_srli_epi16(v, 4);
+  v = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+  return _mm256_mul_ps(vf, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+}
+
 #include "cpu/qkernels_panel_prefetch.h"
 
 // Half h of a 64-bit plane word (at word, see qkernels.h) as the unit's 32 bytes: value where
@@ -76,6 +84,16 @@ FV_INLINE __m256i plane_bytes8(const uint8_t* word, int h, int value) {
   std::memcpy(&half, word + 4 * h, 4);
   const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(half), pick), bit);
   return _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(static_cast<char>(value)));
+}
+
+// Bit b of each byte of a 3-bit step's plane (at plane, see qkernels.h) moved to bit 2, the rest
+// cleared. 16-bit shifts are enough: the bit that lands on bit 2 of a byte comes from the same
+// byte (b < 8).
+FV_INLINE __m256i plane3_bit2(const uint8_t* plane, int b) {
+  const __m256i m = _mm256_set1_epi8(0x04);
+  const __m256i pl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane));
+  if (b == 2) return _mm256_and_si256(pl, m);
+  return _mm256_and_si256(b > 2 ? _mm256_srli_epi16(pl, b - 2) : _mm256_slli_epi16(pl, 2 - b), m);
 }
 
 // Half h of a 5- or 6-bit step's bit planes (at pl) set into the unit's nibble vectors.
@@ -116,7 +134,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   for (int64_t g = 0; g < ng; ++g) {
     panel_prefetch_group<BITS, HZ, HM, HS>(w, pf0, pf1, g);
     __m256 vs[U], vz[U], vm[U];
-    if constexpr (HS == kScaleSub) {
+    if constexpr (is_sub_scale_mode(HS)) {
       if (g % w.fgroups == 0) {
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
@@ -129,7 +147,10 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const int64_t gi = ((p + u / 2) * ng + g) * 16 + 8 * (u & 1);
-      if constexpr (HS == kScaleSub) {
+      if constexpr (HS == kScaleSubNibble) {
+        vs[u] = load_sub_nibble8(vfs[u], w.iscale, gi, false);
+        if constexpr (HM) vm[u] = load_sub_nibble8(vfm[u], w.iscale, gi, true);
+      } else if constexpr (HS == kScaleSub) {
         vs[u] = load_sub8(vfs[u], w.iscale, gi);
         if constexpr (HM) vm[u] = load_sub8(vfm[u], w.imin, gi);
       } else {
@@ -186,10 +207,11 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
           for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
         }
       } else if constexpr (BITS < 4) {
-        // 16-column steps, vector s = bits 2s, 2s + 1 of the step's bytes (3-bit: bit 2 from plane
-        // word s) against activations 4s .. 4s + 3. u2 x s8 pairs are at most 2 * 3 * 127 = 762,
-        // u3 x s8 ones 2 * 7 * 127 = 1778, so a step's four at most 7112 and a block's two steps
-        // (32 columns) 14224: the int16 sums cannot overflow, so widen once per block.
+        // 16-column steps, vector s = bits 2s, 2s + 1 of the step's bytes (3-bit: bit 2 from bit
+        // 4h + s of the plane, h the unit's half) against activations 4s .. 4s + 3. u2 x s8 pairs
+        // are at most 2 * 3 * 127 = 762, u3 x s8 ones 2 * 7 * 127 = 1778, so a step's four at most
+        // 7112 and a block's two steps (32 columns) 14224: the int16 sums cannot overflow, so
+        // widen once per block.
         const __m256i lo2 = _mm256_set1_epi8(0x03);
         __m256i acc16[R][U];
 #pragma GCC unroll 4
@@ -207,9 +229,10 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
             for (int u = 0; u < U; ++u) {
               const __m256i wb = load_nibble_half(wbase + (p + u / 2) * w.ld + boff + 64 * t, u);
               __m256i wv = _mm256_and_si256(_mm256_srli_epi16(wb, 2 * sv), lo2);
+              // The plane is loaded at each use, not held: U more live registers would spill.
               if constexpr (BITS == 3)
                 wv = _mm256_or_si256(
-                    wv, plane_bytes8(wbase + (p + u / 2) * w.ld + poff + PB * t + 8 * sv, u & 1, 0x04));
+                    wv, plane3_bit2(wbase + (p + u / 2) * w.ld + poff + PB * t, 4 * (u & 1) + sv));
 #pragma GCC unroll 4
               for (int r = 0; r < R; ++r)
                 acc16[r][u] = _mm256_add_epi16(acc16[r][u], _mm256_maddubs_epi16(wv, xv[r]));

@@ -12,37 +12,33 @@ void panel_dispatch_hs(const QuantizedRows& x, const QuantMatrix& w, const float
   switch (panel_scale_mode(w.layout)) {
     case kScaleF16: return linear_panel_t<BITS, HZ, HM, kScaleF16, CB>(x, w, bias, y, m, ldy, p0, p1);
     case kScaleSub: return linear_panel_t<BITS, HZ, HM, kScaleSub, CB>(x, w, bias, y, m, ldy, p0, p1);
+    case kScaleSubNibble:
+      // The packer keeps nibble sub-scales for 2-bit values with a min alone (qkernels.h).
+      if constexpr (BITS == 2 && HM && !CB)
+        return linear_panel_t<BITS, HZ, HM, kScaleSubNibble, CB>(x, w, bias, y, m, ldy, p0, p1);
+      __builtin_trap();
     default: return linear_panel_t<BITS, HZ, HM, kScaleF32, CB>(x, w, bias, y, m, ldy, p0, p1);
   }
+}
+
+using PanelFn = void (*)(const QuantizedRows&, const QuantMatrix&, const float*, float*, int64_t, int64_t,
+                         int64_t, int64_t);
+// One value width's four instantiations, [hz][hm].
+struct PanelFns {
+  PanelFn f[2][2];
+};
+template <int BITS, bool CB = false>
+constexpr PanelFns panel_fns() {
+  return {{{panel_dispatch_hs<BITS, false, false, CB>, panel_dispatch_hs<BITS, false, true, CB>},
+           {panel_dispatch_hs<BITS, true, false, CB>, panel_dispatch_hs<BITS, true, true, CB>}}};
 }
 
 void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                   int64_t ldy, int64_t p0, int64_t p1) {
   const bool hz = w.zero != nullptr || w.zero_point != 0, hm = w.min != nullptr;
-  using Fn = void (*)(const QuantizedRows&, const QuantMatrix&, const float*, float*, int64_t, int64_t,
-                      int64_t, int64_t);
-  // [4, 5, 6, 8 bits, 4-bit codebook indices, 2, 3 bits][hz][hm]
-  static constexpr Fn kFns[7][2][2] = {
-      {{panel_dispatch_hs<4, false, false>, panel_dispatch_hs<4, false, true>},
-       {panel_dispatch_hs<4, true, false>, panel_dispatch_hs<4, true, true>}},
-      {{panel_dispatch_hs<5, false, false>, panel_dispatch_hs<5, false, true>},
-       {panel_dispatch_hs<5, true, false>, panel_dispatch_hs<5, true, true>}},
-      {{panel_dispatch_hs<6, false, false>, panel_dispatch_hs<6, false, true>},
-       {panel_dispatch_hs<6, true, false>, panel_dispatch_hs<6, true, true>}},
-      {{panel_dispatch_hs<8, false, false>, panel_dispatch_hs<8, false, true>},
-       {panel_dispatch_hs<8, true, false>, panel_dispatch_hs<8, true, true>}},
-      {{panel_dispatch_hs<4, false, false, true>, panel_dispatch_hs<4, false, true, true>},
-       {panel_dispatch_hs<4, true, false, true>, panel_dispatch_hs<4, true, true, true>}},
-      {{panel_dispatch_hs<2, false, false>, panel_dispatch_hs<2, false, true>},
-       {panel_dispatch_hs<2, true, false>, panel_dispatch_hs<2, true, true>}},
-      {{panel_dispatch_hs<3, false, false>, panel_dispatch_hs<3, false, true>},
-       {panel_dispatch_hs<3, true, false>, panel_dispatch_hs<3, true, true>}}};
-  const int bi = w.codebook    ? 4
-                 : w.bits == 2 ? 5
-                 : w.bits == 3 ? 6
-                 : w.bits == 4 ? 0
-                 : w.bits == 5 ? 1
-                 : w.bits == 6 ? 2
-                               : 3;
-  kFns[bi][hz][hm](x, w, bias, y, m, ldy, p0, p1);
+  // 2, 3, 4, 5, 6, 8 bits, then 4-bit codebook indices.
+  static constexpr PanelFns kFns[7] = {panel_fns<2>(), panel_fns<3>(), panel_fns<4>(),      panel_fns<5>(),
+                                       panel_fns<6>(), panel_fns<8>(), panel_fns<4, true>()};
+  const int bi = w.codebook ? 6 : w.bits == 8 ? 5 : w.bits - 2;
+  kFns[bi].f[hz][hm](x, w, bias, y, m, ldy, p0, p1);
 }

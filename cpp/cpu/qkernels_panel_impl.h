@@ -26,6 +26,16 @@ FP_INLINE __m512 panel_load_sub(const float* f, const int8_t* s, int64_t si, int
   return _mm512_mul_ps(vf, vi);
 }
 
+// The nibble sub-scale layout's 16 lanes: f16 factor times the low (scale) or high (min) nibbles.
+FP_INLINE __m512 panel_load_sub_nibble(const float* f, const int8_t* s, int64_t si, int64_t i, bool high) {
+  const __m512 vf = _mm512_cvtph_ps(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(f) + si)));
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+  if (high) v = _mm_srli_epi16(v, 4);
+  v = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+  return _mm512_mul_ps(vf, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)));
+}
+
 // Group g's scales (and zeros, mins) of panels p .. p + PC - 1.
 template <int PC, bool HZ, bool HM, int HS>
 FP_INLINE void panel_group_scales(const QuantMatrix& w, int64_t p, int64_t g, __m512* vs, __m512* vz,
@@ -33,11 +43,16 @@ FP_INLINE void panel_group_scales(const QuantMatrix& w, int64_t p, int64_t g, __
   const int64_t ng = w.ngroups();
   // The super-block of group g and the super-blocks per panel row (divisions once per group,
   // not per panel: an integer division costs more than the rest of the scale set-up).
-  const int64_t sg = HS == kScaleSub ? g / w.fgroups : 0, nsup = HS == kScaleSub ? ng / w.fgroups : 0;
+  constexpr bool sub = is_sub_scale_mode(HS);
+  const int64_t sg = sub ? g / w.fgroups : 0, nsup = sub ? ng / w.fgroups : 0;
 #pragma GCC unroll 4
   for (int c = 0; c < PC; ++c) {
     const int64_t gi = ((p + c) * ng + g) * 16;
-    if constexpr (HS == kScaleSub) {
+    if constexpr (HS == kScaleSubNibble) {
+      const int64_t si = ((p + c) * nsup + sg) * 16;
+      vs[c] = panel_load_sub_nibble(w.fscale, w.iscale, si, gi, false);
+      if constexpr (HM) vm[c] = panel_load_sub_nibble(w.fmin, w.iscale, si, gi, true);
+    } else if constexpr (HS == kScaleSub) {
       const int64_t si = ((p + c) * nsup + sg) * 16;
       vs[c] = panel_load_sub(w.fscale, w.iscale, si, gi);
       if constexpr (HM) vm[c] = panel_load_sub(w.fmin, w.imin, si, gi);
@@ -68,6 +83,16 @@ FP_INLINE void add_planes(const uint8_t* pl, __m512i* wl, __m512i* wh) {
     *wl = _mm512_mask_add_epi8(*wl, _cvtu64_mask64(m[2]), *wl, b5);
     *wh = _mm512_mask_add_epi8(*wh, _cvtu64_mask64(m[3]), *wh, b5);
   }
+}
+
+// A 3-bit step's 32-byte plane (at pl, see qkernels.h) in both halves of a vector, and the
+// bit that vector s tests in it: s in the step's first 32 bytes, 4 + s in the second.
+FP_INLINE __m512i plane3(const uint8_t* pl) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pl)));
+}
+FP_INLINE __m512i plane3_bit(int s) {
+  return _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << s)),
+                            _mm256_set1_epi8(static_cast<char>(16 << s)), 1);
 }
 
 #undef FP_INLINE

@@ -21,14 +21,15 @@ FPF_INLINE void panel_prefetch_group(const QuantMatrix& w, int64_t q0, int64_t q
   constexpr int64_t sbytes = HS == kScaleF32 ? 4 : HS == kScaleF16 ? 2 : 1;
   if (q0 >= q1) return;
   // Sub-scale layout: the super-block factors are asked for at a super-block's first group.
-  const bool first = HS == kScaleSub && g % w.fgroups == 0;
+  const bool first = is_sub_scale_mode(HS) && g % w.fgroups == 0;
   const int64_t sg = first ? g / w.fgroups : 0, nsup = first ? ng / w.fgroups : 0;
   for (int64_t q = q0; q < q1; ++q) {
     const int64_t gi = (q * ng + g) * 16;
     panel_prefetch_bytes(w.data, q * w.ld + g * gbytes, q * w.ld + (g + 1) * gbytes);
     panel_prefetch_bytes(w.scale, gi * sbytes, (gi + 16) * sbytes);
-    if constexpr (HM) panel_prefetch_bytes(w.min, gi * sbytes, (gi + 16) * sbytes);
-    if constexpr (HS == kScaleSub) {
+    // (The nibble layout's mins share the scales' bytes.)
+    if constexpr (HM && HS != kScaleSubNibble) panel_prefetch_bytes(w.min, gi * sbytes, (gi + 16) * sbytes);
+    if constexpr (is_sub_scale_mode(HS)) {
       // The super-block factors (32 bytes per panel), once per super-block.
       if (first) {
         const int64_t si = (q * nsup + sg) * 16;

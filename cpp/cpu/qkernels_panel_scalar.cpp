@@ -49,9 +49,9 @@ void linear_panel(const QuantizedRows& x, const QuantMatrix& w, const float* bia
                 const int64_t s = (cg >> 2) & 3;
                 q = (wl[g * gbytes + (cg >> 4) * 64 + (cg & 3)] >> (2 * s)) & 3;
                 if (w.bits == 3) {
-                  const int bit = lane * 4 + static_cast<int>(cg & 3);
-                  const uint8_t* word = gp + (cg >> 4) * panel_plane_bytes(3) + 8 * s;
-                  q |= ((word[bit >> 3] >> (bit & 7)) & 1) << 2;
+                  const int j = lane * 4 + static_cast<int>(cg & 3);  // the step byte
+                  const uint8_t* plane = gp + (cg >> 4) * panel_plane_bytes(3);
+                  q |= ((plane[j & 31] >> (4 * (j >> 5) + s)) & 1) << 2;
                 }
               } else {
                 const uint8_t byte = wl[g * gbytes + (cg >> 3) * 64 + (cg & 3)];

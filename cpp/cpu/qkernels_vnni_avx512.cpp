@@ -71,17 +71,17 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
       const int64_t poff = PB ? g * gbytes + panel_planes_at(BITS, g1 - g0) + (b0 - g0) / SC * PB : 0;
       if constexpr (BITS < 4) {
         // 16-column steps: vector s of a step is its bytes' bits 2s, 2s + 1 (and for 3-bit, bit 2
-        // from plane word s), against activations 4s .. 4s + 3 of the step.
+        // from plane bit s for the step's first 32 bytes, 4 + s for the others), against
+        // activations 4s .. 4s + 3 of the step.
         const __m512i lo2 = _mm512_set1_epi8(0x03), b2 = _mm512_set1_epi8(0x04);
         const int steps = static_cast<int>((blen + 15) / 16);
         for (int t = 0; t < steps; ++t) {
-          __m512i wb[PC];
-          uint64_t pw[PC][4];
+          __m512i wb[PC], pl[PC] = {};
 #pragma GCC unroll 4
           for (int c = 0; c < PC; ++c) {
             const uint8_t* wp = static_cast<const uint8_t*>(w.data) + (p + c) * w.ld;
             wb[c] = _mm512_loadu_si512(wp + boff + 64 * t);
-            if constexpr (BITS == 3) std::memcpy(pw[c], wp + poff + PB * t, 32);
+            if constexpr (BITS == 3) pl[c] = plane3(wp + poff + PB * t);
           }
 #pragma GCC unroll 4
           for (int sv = 0; sv < 4; ++sv) {
@@ -91,7 +91,8 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
 #pragma GCC unroll 4
             for (int c = 0; c < PC; ++c) {
               __m512i wv = _mm512_and_si512(_mm512_srli_epi16(wb[c], 2 * sv), lo2);
-              if constexpr (BITS == 3) wv = _mm512_mask_add_epi8(wv, _cvtu64_mask64(pw[c][sv]), wv, b2);
+              if constexpr (BITS == 3)
+                wv = _mm512_mask_add_epi8(wv, _mm512_test_epi8_mask(pl[c], plane3_bit(sv)), wv, b2);
 #pragma GCC unroll 4
               for (int r = 0; r < R; ++r) iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wv, xv[r]);
             }

@@ -122,6 +122,7 @@ const Spec kSpecs[] = {
     {4, 16, false, true, false, 2},
     {4, 32, true, false, true, 2},
     {8, 64, true, false, false, 2},
+    {8, 32, true, true, true, 2},
     {4, 16, false, false, false, 3},
     {4, 0, false, true, false, 3},
     {8, 32, true, true, false, 3},
@@ -304,8 +305,9 @@ void round_scales_to_half(QuantTensor* t) {
 // Scales (and mins) made of an f16 factor per super-block times an int8 per group, as the GGUF
 // K-quants store them: the panel layout then keeps only the factors (kCpuQuantPanelSubLayout).
 // Super-blocks of 8, 4, 3, 2 or 1 groups (the first that divides the row's groups); the factors'
-// full int8 range, negative factors, and products that are not f16 values.
-void factor_scales(QuantTensor* t, uint32_t seed) {
+// full int8 range (nibble: 0 .. 15 for both, as Q2_K's), negative factors, and products that are
+// not f16 values.
+void factor_scales(QuantTensor* t, uint32_t seed, bool nibble = false) {
   std::mt19937 g(seed);
   const int64_t ng = (t->cols + t->group - 1) / t->group;
   int32_t fg = 1;
@@ -316,7 +318,7 @@ void factor_scales(QuantTensor* t, uint32_t seed) {
     }
   const int64_t nsup = ng / fg;
   std::uniform_real_distribution<float> fd(0.0001f, 0.002f);
-  std::uniform_int_distribution<int> id(-128, 127), md(0, 63);
+  std::uniform_int_distribution<int> id(nibble ? 0 : -128, nibble ? 15 : 127), md(0, nibble ? 15 : 63);
   t->fgroups = fg;
   t->fscale.resize(t->rows * nsup);
   t->iscale.resize(t->rows * ng);
@@ -337,14 +339,16 @@ void factor_scales(QuantTensor* t, uint32_t seed) {
     }
 }
 
-// Scale modes of the panel tests: 0 f32 scales, 1 f16 scales, 2 factored (K-quant) scales, and
-// the layout the packer must choose for each.
-constexpr int kModes[] = {0, 1, 2};
+// Scale modes of the panel tests: 0 f32 scales, 1 f16 scales, 2 factored (K-quant) scales, 3
+// factored with sub-scales and sub-mins in 0 .. 15 (Q2_K), and the layout the packer must choose
+// for each: mode 3 keeps nibbles only for 2-bit values with a min.
+constexpr int kModes[] = {0, 1, 2, 3};
 void set_scale_mode(QuantTensor* t, int mode, uint32_t seed) {
   if (mode == 1) round_scales_to_half(t);
-  if (mode == 2) factor_scales(t, seed);
+  if (mode >= 2) factor_scales(t, seed, mode == 3);
 }
-int32_t layout_of_mode(int mode) {
+int32_t layout_of_mode(int mode, const Spec& s) {
+  if (mode == 3 && s.value_bits() == 2 && s.min) return cpu::kCpuQuantPanelSubNibbleLayout;
   return mode == 0   ? cpu::kCpuQuantPanelLayout
          : mode == 1 ? cpu::kCpuQuantPanelHalfLayout
                      : cpu::kCpuQuantPanelSubLayout;
@@ -358,7 +362,7 @@ TEST(QuantPanel, DequantRowIsExact) {
         QuantTensor t = random_quant(rows, 100, s, seed++);
         set_scale_mode(&t, mode, seed++);
         const Packed p = pack_panel(t);
-        ASSERT_EQ(p.w.layout, layout_of_mode(mode));
+        ASSERT_EQ(p.w.layout, layout_of_mode(mode, s));
         QuantTensor stored = t;
         stored.perm.clear();
         std::vector<float> want(rows * 100), got(100);
@@ -408,6 +412,20 @@ TEST(QuantPanel, TwoAndThreeBitValuesKeepTheirWidth) {
   factor_scales(&t, 62);
   EXPECT_EQ(pack_panel(t).w.bits, 2);
   EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 512 / 4 + 2 * 64 * 32 + 2 * 64 * 4 * 2);
+  // Q2_K itself: sub-scales and sub-mins in 0 .. 15 share a byte, as in the file.
+  factor_scales(&t, 62, true);
+  EXPECT_EQ(pack_panel(t).w.layout, cpu::kCpuQuantPanelSubNibbleLayout);
+  EXPECT_EQ(cpu::cpu_quant_panel_bytes(t.view()), 64u * 512 / 4 + 64 * 32 + 2 * 64 * 4 * 2);
+  // One sub-min of 16 (or a sub-scale below 0) needs a byte each again.
+  const int8_t keep = t.imin[40];
+  t.imin[40] = 16;
+  t.min[40] = t.fmin[40 / 8] * 16.f;
+  EXPECT_EQ(pack_panel(t).w.layout, cpu::kCpuQuantPanelSubLayout);
+  t.imin[40] = keep;
+  t.min[40] = t.fmin[40 / 8] * static_cast<float>(keep);
+  t.iscale[3] = -1;
+  t.scale[3] = -t.fscale[0];
+  EXPECT_EQ(pack_panel(t).w.layout, cpu::kCpuQuantPanelSubLayout);
   // Q3_K-like: values < 8: 0.375 bytes per value (0.25 + one bit plane).
   t = random_quant(64, 512, {4, 16, false, false, false, 3}, 63);
   factor_scales(&t, 64);
@@ -571,7 +589,7 @@ TEST_P(PanelKernels, BackendLinearMatchesInt8Reference) {
           QuantTensor t = random_quant(n, k, s, seed++);
           set_scale_mode(&t, mode, seed++);
           const Packed p = pack_panel(t);
-          ASSERT_EQ(p.w.layout, layout_of_mode(mode));
+          ASSERT_EQ(p.w.layout, layout_of_mode(mode, s));
           const std::vector<float> x = randn(m * k, seed++);
           const std::vector<float> bias = randn(n, seed++);
           std::vector<float> xg = x;
@@ -1063,7 +1081,9 @@ TEST(QuantPanel, FactoredScalesGiveTheF32LayoutsBits) {
     QuantTensor plain = t;
     plain.fgroups = 0;
     const Packed sub = pack_panel(t), f32 = pack_panel(plain);
-    ASSERT_EQ(sub.w.layout, cpu::kCpuQuantPanelSubLayout) << t.format;
+    ASSERT_EQ(sub.w.layout,
+              type == model::kGgmlQ2_K ? cpu::kCpuQuantPanelSubNibbleLayout : cpu::kCpuQuantPanelSubLayout)
+        << t.format;
     ASSERT_EQ(f32.w.layout, cpu::kCpuQuantPanelLayout) << t.format;
     std::vector<float> a(k), b(k);
     for (int64_t r = 0; r < n; ++r) {
@@ -1106,9 +1126,10 @@ TEST(QuantPanel, InexactFactorsKeepF32Scales) {
 // against the file's bytes for the same tensor. The layout's values, scales, mins and zeros, with
 // up to 63 bytes of alignment after each of its (at most six) regions; rows and columns here are
 // whole panels and blocks, so there is no other padding. The K-quants' sub-scales and sub-mins
-// take a byte each where the file packs them in 6 (Q4_K, Q5_K, IQ4_XS) or 4 (Q2_K) bits; 5- and
-// 6-bit values are nibbles plus bit planes and IQ4 indices nibbles (with a 16-byte codebook in a
-// region of its own), at the file's width; 2- and 3-bit values still take a nibble.
+// take a byte each where the file packs them in 6 bits (Q4_K, Q5_K, IQ4_XS) and share one as in
+// the file where it packs them in 4 (Q2_K); 2-, 3-, 5- and 6-bit values are 2-bit steps or
+// nibbles plus bit planes and IQ4 indices nibbles (with a 16-byte codebook in a region of its
+// own), at the file's width.
 TEST(QuantPanel, ResidentBytesPerWeight) {
   struct Want {
     int type;
@@ -1119,7 +1140,7 @@ TEST(QuantPanel, ResidentBytesPerWeight) {
       {model::kGgmlQ8_0, 34. / 32, 34. / 32},     {model::kGgmlQ5_0, 22. / 32, 22. / 32},
       {model::kGgmlQ5_1, 24. / 32, 24. / 32},     {model::kGgmlIQ4_NL, 18. / 32, 18. / 32},
       {model::kGgmlQ4_K, 144. / 256, 148. / 256}, {model::kGgmlQ5_K, 176. / 256, 180. / 256},
-      {model::kGgmlQ6_K, 210. / 256, 210. / 256}, {model::kGgmlQ2_K, 84. / 256, 100. / 256},
+      {model::kGgmlQ6_K, 210. / 256, 210. / 256}, {model::kGgmlQ2_K, 84. / 256, 84. / 256},
       {model::kGgmlQ3_K, 110. / 256, 114. / 256}, {model::kGgmlIQ4_XS, 136. / 256, 138. / 256},
   };
   const int64_t n = 64, k = 1024;

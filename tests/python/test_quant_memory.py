@@ -13,9 +13,8 @@ the file's for the formats at the file's size:
   whole 16-row panels and columns whole blocks, so there is no other padding);
 - Q4_K, Q5_K, Q3_K: 4 bytes per 256 weights (1/64 byte per weight, +2.8% / +2.3% / +3.6%):
   their 6-bit sub-scales and sub-mins take a byte each;
-- IQ4_XS: 2 bytes per 256 weights (+1.5%): its 6-bit sub-scales take a byte each;
-- Q2_K: 16 bytes per 256 weights (+19%): its 4-bit sub-scales and sub-mins take a byte each.
-2- and 3-bit values (Q2_K, Q3_K) are kept as 2-bit crumbs (plus one bit plane for Q3_K), 5- and
+- IQ4_XS: 2 bytes per 256 weights (+1.5%): its 6-bit sub-scales take a byte each.
+Q2_K's 4-bit sub-scale and sub-min share a byte, as in the file. 2- and 3-bit values (Q2_K, Q3_K) are kept as 2-bit crumbs (plus one bit plane for Q3_K), 5- and
 6-bit values (Q5_0, Q5_1, Q5_K, Q6_K) as nibbles plus one or two bit planes, and IQ4 indices
 (IQ4_NL, IQ4_XS) as nibbles into a 16-byte codebook (in its own 64-byte region, so within the
 alignment slack): every format's values at the file's width.
@@ -41,9 +40,9 @@ ALIGN_SLACK = 6 * 63  # bytes per tensor
 # factors) per block, over the block's weights.
 PANEL_BPW = {Q4_0: 18 / 32, Q4_1: 20 / 32, Q8_0: 34 / 32, Q4_K: 148 / 256,
              Q5_0: 22 / 32, Q5_1: 24 / 32, IQ4_NL: 18 / 32, Q5_K: 180 / 256, Q6_K: 210 / 256,
-             Q2_K: 100 / 256, Q3_K: 114 / 256, IQ4_XS: 138 / 256}
+             Q2_K: 84 / 256, Q3_K: 114 / 256, IQ4_XS: 138 / 256}
 # Documented overhead over the file's bytes per weight (beyond ALIGN_SLACK).
-ALLOWED_OVER_FILE = {Q4_K: 4 / 256, Q5_K: 4 / 256, Q3_K: 4 / 256, IQ4_XS: 2 / 256, Q2_K: 16 / 256}
+ALLOWED_OVER_FILE = {Q4_K: 4 / 256, Q5_K: 4 / 256, Q3_K: 4 / 256, IQ4_XS: 2 / 256}
 NAMES = {Q4_0: "q4_0", Q4_1: "q4_1", Q8_0: "q8_0", Q4_K: "q4_k", Q5_0: "q5_0", Q5_1: "q5_1", IQ4_NL: "iq4_nl",
          Q5_K: "q5_k", Q6_K: "q6_k", Q2_K: "q2_k", Q3_K: "q3_k", IQ4_XS: "iq4_xs"}
 

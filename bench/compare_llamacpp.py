@@ -405,6 +405,17 @@ print(json.dumps(out))
 """
 
 
+def cpu_has_bf16_gemm() -> bool:
+    """Whether oneDNN has a bf16 GEMM here (AVX512-BF16 or AMX): without one its bf16 matmul is a
+    reference loop (a 4096^3 one ran over 17 minutes on an AVX2-only EPYC), so the probe takes f32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def run_gemm_probe(python: str, threads: int, isa: str | None = None) -> dict[str, float]:
     """What the vendor's GEMM library reaches here: torch's bf16 matmul and int8 _int_mm (oneDNN,
     AMX where the CPU has it) on 4096^3, best of 3. A measured peak for real GEMMs, beside the
@@ -412,7 +423,8 @@ def run_gemm_probe(python: str, threads: int, isa: str | None = None) -> dict[st
     # oneDNN dispatches on its own: cap it at the ISA fantai is held to, so the peak is like for like.
     env = dict(os.environ, **({"ONEDNN_MAX_CPU_ISA": {"avx2": "AVX2", "avx512": "AVX512_CORE_AMX"}.get(isa, "")}
                              if isa in ("avx2", "avx512") else {}))
-    res = subprocess.run([python, "-c", GEMM_PROBE, str(threads), *(["f32"] if isa in ("avx2", "scalar") else [])],
+    f32 = isa in ("avx2", "scalar") or not cpu_has_bf16_gemm()
+    res = subprocess.run([python, "-c", GEMM_PROBE, str(threads), *(["f32"] if f32 else [])],
                          capture_output=True, text=True, env=env)
     if res.returncode != 0:
         log(f"no vendor GEMM probe: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")

@@ -105,6 +105,10 @@ else
 fi
 LIBDIR="$("$PYRUN" -c 'import fantai, os; print(os.path.join(os.path.dirname(fantai.__file__), "lib"))' 2>/dev/null || true)"
 note "fantai imports from: $("$PYRUN" -c 'import fantai; print(fantai.__file__)' 2>&1 | tail -1)"
+# A C++ runtime linked statically (cmake/FantaiLibstdcxx.cmake) crashes once torch is imported.
+if [[ -n "$LIBDIR" ]]; then
+  note "libengine needs: $(readelf -d "$LIBDIR"/libengine.so.0 2>/dev/null | grep -o 'NEEDED.*' | grep -o '\[.*\]' | tr '\n' ' ')"
+fi
 if [[ ! -x "$OUT/wheel/bench/bench_cuda" && -n "$LIBDIR" ]]; then  # bench only: host code, seconds
   step build_bench 120 nvcc -std=c++17 -O2 -I"$ROOT/cpp" -I"$ROOT" "$ROOT/bench/bench_cuda.cu" \
     -L"$LIBDIR" -lengine -Xlinker -rpath="$LIBDIR" -o "$OUT/bench_cuda"

@@ -111,11 +111,16 @@ FV_INLINE void add_planes8(const uint8_t* pl, int h, __m256i* wl, __m256i* wh) {
 // A tile is R activation rows x U units (pf0 .. pf1: the panels to prefetch, see
 // qkernels_panel_prefetch.h), a unit being 8 consecutive rows of W (half a panel): unit
 // u of the tile is half (u & 1) of panel p + u / 2. A 64-byte panel step is two 32-byte unit steps.
-template <int R, int U, int BITS, bool HZ, bool HM, int HS, bool CB>
+// Z128: 8-bit weights whose every zero is 128 (Q8_0, online int8). The sign trick's integer sum is
+// then sum((w - 128) x) already, and adding 128 sum(x) only for the zero's 128 sum(x) to come off
+// again in f32 leaves the same integer (both steps exact below 2^24): the block skips both.
+template <int R, int U, int BITS, bool HZ, bool HM, int HS, bool CB, bool Z128 = false>
 FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                          int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
+  // B is 32 or 16 (xq_block): a shift, not the 64-bit idiv b0 / B compiled to once per block.
+  const int bshift = B == 32 ? 5 : 4;
   const int64_t gbytes = G * 2 * BITS;  // a full group's bytes in a panel (see qkernels.h)
   constexpr int64_t SC = panel_step_cols(BITS), PB = panel_plane_bytes(BITS);
   const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
@@ -165,7 +170,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
     }
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
-      const int64_t blen = min64(B, g1 - b0), bi = b0 / B;
+      const int64_t blen = min64(B, g1 - b0), bi = b0 >> bshift;
       const int64_t boff = g * gbytes + (b0 - g0) / SC * 64;
       const int64_t poff = PB ? g * gbytes + panel_planes_at(BITS, g1 - g0) + (b0 - g0) / SC * PB : 0;
       __m256i iacc[R][U];
@@ -318,11 +323,13 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
                   iacc[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], ws)), ones));
           }
         }
+        if constexpr (!Z128) {
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const __m256i s128 = _mm256_set1_epi32(128 * x.s[(r0 + r) * x.nblocks + bi]);
+          for (int r = 0; r < R; ++r) {
+            const __m256i s128 = _mm256_set1_epi32(128 * x.s[(r0 + r) * x.nblocks + bi]);
 #pragma GCC unroll 4
-          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
+            for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
+          }
         }
       }
       // The VNNI kernel's per-block update, lane for lane.
@@ -334,7 +341,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
           __m256 t = _mm256_cvtepi32_ps(iacc[r][u]);
-          if constexpr (HZ) t = _mm256_sub_ps(t, _mm256_mul_ps(vz[u], vsx));  // exact: integers < 2^24
+          if constexpr (HZ && !Z128) t = _mm256_sub_ps(t, _mm256_mul_ps(vz[u], vsx));  // exact: integers < 2^24
           facc[r][u] = _mm256_fmadd_ps(t, _mm256_mul_ps(vs[u], vd), facc[r][u]);
           if constexpr (HM) facc[r][u] = _mm256_fmadd_ps(vm[u], vdsx, facc[r][u]);
         }
@@ -354,24 +361,24 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
   }
 }
 
-template <int RR, int U, int BITS, bool HZ, bool HM, int HS, bool CB>
+template <int RR, int U, int BITS, bool HZ, bool HM, int HS, bool CB, bool Z128>
 FV_INLINE void unit_rows(int rows, const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                          int64_t ldy, int64_t p, int64_t r0) {
   if constexpr (RR > 1) {
-    if (rows < RR) return unit_rows<RR - 1, U, BITS, HZ, HM, HS, CB>(rows, x, w, bias, y, ldy, p, r0);
+    if (rows < RR) return unit_rows<RR - 1, U, BITS, HZ, HM, HS, CB, Z128>(rows, x, w, bias, y, ldy, p, r0);
   }
-  unit_tile<RR, U, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, r0);
+  unit_tile<RR, U, BITS, HZ, HM, HS, CB, Z128>(x, w, bias, y, ldy, p, r0);
 }
 
-template <int BITS, bool HZ, bool HM, int HS, bool CB>
-void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
-                    int64_t ldy, int64_t p0, int64_t p1) {
+template <int BITS, bool HZ, bool HM, int HS, bool CB, bool Z128>
+void panel_rows_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                  int64_t ldy, int64_t p0, int64_t p1) {
   if (m == 1) {
     // Decode: 2 panels (4 units, 32 weight rows) side by side give 4 independent chains.
     int64_t p = p0;
     for (; p + 2 <= p1; p += 2)
-      unit_tile<1, 4, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, 0, p + 2, min64(p + 4, p1));
-    for (; p < p1; ++p) unit_tile<1, 2, BITS, HZ, HM, HS, CB>(x, w, bias, y, ldy, p, 0);
+      unit_tile<1, 4, BITS, HZ, HM, HS, CB, Z128>(x, w, bias, y, ldy, p, 0, p + 2, min64(p + 4, p1));
+    for (; p < p1; ++p) unit_tile<1, 2, BITS, HZ, HM, HS, CB, Z128>(x, w, bias, y, ldy, p, 0);
     return;
   }
   // 16 YMM registers: 3 rows x 2 units keep their float and integer sums (12) in registers, with
@@ -383,9 +390,18 @@ void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* b
     for (int64_t r = 0; r < m; r += R) {
       const int rows = static_cast<int>(min64(R, m - r));
       for (int64_t p = pp; p < ppe; ++p)
-        unit_rows<R, 2, BITS, HZ, HM, HS, CB>(rows, x, w, bias, y, ldy, p, r);
+        unit_rows<R, 2, BITS, HZ, HM, HS, CB, Z128>(rows, x, w, bias, y, ldy, p, r);
     }
   }
+}
+
+template <int BITS, bool HZ, bool HM, int HS, bool CB>
+void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
+                    int64_t ldy, int64_t p0, int64_t p1) {
+  if constexpr (BITS == 8 && HZ && !CB) {
+    if (!w.zero && w.zero_point == 128) return panel_rows_t<BITS, HZ, HM, HS, CB, true>(x, w, bias, y, m, ldy, p0, p1);
+  }
+  panel_rows_t<BITS, HZ, HM, HS, CB, false>(x, w, bias, y, m, ldy, p0, p1);
 }
 
 #include "cpu/qkernels_panel_dispatch.h"

@@ -41,6 +41,8 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
                           int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
+  // B is 32 or 16 (xq_block): a shift, not the 64-bit idiv b0 / B compiled to once per block.
+  const int bshift = B == 32 ? 5 : 4;
   const int64_t gbytes = G * 2 * BITS;  // bytes of a full group in a panel (see qkernels.h)
   constexpr int64_t SC = panel_step_cols(BITS), PB = panel_plane_bytes(BITS);
   const __m512i lo4 = _mm512_set1_epi8(0x0f);
@@ -60,7 +62,7 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
       const int64_t blen = min64(B, g1 - b0);
-      const int64_t bi = b0 / B;
+      const int64_t bi = b0 >> bshift;
       __m512i iacc[R][PC];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r)

@@ -341,7 +341,8 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
 #pragma GCC unroll 4
         for (int u = 0; u < U; ++u) {
           __m256 t = _mm256_cvtepi32_ps(iacc[r][u]);
-          if constexpr (HZ && !Z128) t = _mm256_sub_ps(t, _mm256_mul_ps(vz[u], vsx));  // exact: integers < 2^24
+          if constexpr (HZ && !Z128)
+            t = _mm256_sub_ps(t, _mm256_mul_ps(vz[u], vsx));  // exact: integers < 2^24
           facc[r][u] = _mm256_fmadd_ps(t, _mm256_mul_ps(vs[u], vd), facc[r][u]);
           if constexpr (HM) facc[r][u] = _mm256_fmadd_ps(vm[u], vdsx, facc[r][u]);
         }
@@ -399,7 +400,8 @@ template <int BITS, bool HZ, bool HM, int HS, bool CB>
 void linear_panel_t(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy, int64_t p0, int64_t p1) {
   if constexpr (BITS == 8 && HZ && !CB) {
-    if (!w.zero && w.zero_point == 128) return panel_rows_t<BITS, HZ, HM, HS, CB, true>(x, w, bias, y, m, ldy, p0, p1);
+    if (!w.zero && w.zero_point == 128)
+      return panel_rows_t<BITS, HZ, HM, HS, CB, true>(x, w, bias, y, m, ldy, p0, p1);
   }
   panel_rows_t<BITS, HZ, HM, HS, CB, false>(x, w, bias, y, m, ldy, p0, p1);
 }

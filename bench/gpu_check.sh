@@ -7,7 +7,7 @@
 # it always ends with its summary inside a device lease.
 #
 #   bash bench/gpu_check.sh            # logs and the summary under build/gpu_check/
-#   FANTAI_GPU_CHECK_VENV=.venv FANTAI_GPU_CHECK_BUILD_S=3000 FANTAI_GPU_CHECK_DEADLINE_S=4000 \
+#   PYTHON=.venv/bin/python FANTAI_GPU_CHECK_BUILD_S=3000 FANTAI_GPU_CHECK_DEADLINE_S=4000 \
 #     bash bench/gpu_check.sh          # dry run of the plumbing on a machine without a GPU
 set -euo pipefail
 
@@ -66,17 +66,12 @@ fi
 # The GPU image's python3 is itself a venv (torch and the rest live in it): a venv made from it
 # with --system-site-packages would see the base interpreter's packages, not those. So fantai is
 # installed with that python3 into a private --target folder put first on PYTHONPATH; the image
-# stays as it was. A dry run on a development machine names a venv to use instead.
-if [[ -n "${FANTAI_GPU_CHECK_VENV:-}" ]]; then
-  PYRUN="$FANTAI_GPU_CHECK_VENV/bin/python"
-  INSTALL=("$PYRUN" -m pip install --no-build-isolation --no-deps --force-reinstall -v "$ROOT")
-else
-  PYRUN="$PY"
-  SITE="$OUT/site"
-  [[ -n "${FANTAI_GPU_CHECK_SKIP_BUILD:-}" ]] || rm -rf "$SITE"
-  INSTALL=("$PYRUN" -m pip install --no-build-isolation --no-deps -v --target "$SITE" "$ROOT")
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# stays as it was (a dry run on a development machine leaves its venv as it was the same way).
+PYRUN="$PY"
+SITE="$OUT/site"
+[[ -n "${FANTAI_GPU_CHECK_SKIP_BUILD:-}" ]] || rm -rf "$SITE"
+INSTALL=("$PYRUN" -m pip install --no-build-isolation --no-deps -v --target "$SITE" "$ROOT")
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 # SASS for the H200 alone (the default build adds sm_80 and PTX: three times the compile); a dev
 # machine's dry run on 2 cores needs more than the GPU machine's 300 s.
@@ -90,7 +85,7 @@ note "building for CUDA architectures $ARCHS"
 if [[ -n "${FANTAI_GPU_CHECK_SKIP_BUILD:-}" ]]; then
   note "build: skipped (FANTAI_GPU_CHECK_SKIP_BUILD), reusing $OUT"
   # The test binaries' rpath names the build tree where they were linked, which may be elsewhere.
-  [[ -n "${SITE:-}" ]] && export LD_LIBRARY_PATH="$SITE/fantai/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$SITE/fantai/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   step build "$BUILD_S" "${INSTALL[@]}" \
     -C cmake.define.FANTAI_CUDA=ON -C cmake.define.FANTAI_BUILD_TESTS=ON \

@@ -14,16 +14,18 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6
                     OUTPUT_VARIABLE _fantai_stdcxx_so6 OUTPUT_STRIP_TRAILING_WHITESPACE)
     if(NOT IS_ABSOLUTE "${_fantai_stdcxx_so6}")
-      find_file(_fantai_stdcxx_so6 libstdc++.so.6 PATHS /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib
+      # (Its own result variable: find_file skips the search for one that already holds a value.)
+      find_file(FANTAI_LIBSTDCXX_SO6 libstdc++.so.6 PATHS /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib
                 NO_DEFAULT_PATH)
+      set(_fantai_stdcxx_so6 "${FANTAI_LIBSTDCXX_SO6}")
     endif()
-    if(_fantai_stdcxx_so6 AND EXISTS "${_fantai_stdcxx_so6}")
+    if(IS_ABSOLUTE "${_fantai_stdcxx_so6}" AND EXISTS "${_fantai_stdcxx_so6}")
       set(_fantai_stdcxx_dir "${CMAKE_BINARY_DIR}/fantai-libstdcxx")
       file(MAKE_DIRECTORY "${_fantai_stdcxx_dir}")
       file(CREATE_LINK "${_fantai_stdcxx_so6}" "${_fantai_stdcxx_dir}/libstdc++.so" SYMBOLIC)
       add_link_options("-L${_fantai_stdcxx_dir}")
       message(STATUS "fantai: linking the shared C++ runtime ${_fantai_stdcxx_so6} through "
-                     "${_fantai_stdcxx_dir} (${CMAKE_CXX_COMPILER} offers no libstdc++.so)")
+                     "${_fantai_stdcxx_dir} (g++ offers: ${_fantai_stdcxx_so})")
     else()
       # The static runtime then stays private to each binary instead of being half-interposed.
       add_link_options("-Wl,--exclude-libs,libstdc++.a")

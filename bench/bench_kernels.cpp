@@ -254,7 +254,7 @@ struct QWeight {
       }
     }
     bytes = be.quant_packed_bytes(t.view());
-    mem = be.alloc(bytes);
+    mem = be.alloc_weights(bytes);
     w = be.pack_quant(t.view(), mem);
     if (!g_short) t = model::QuantTensor();  // a full qstep holds 30 layers of these
   }

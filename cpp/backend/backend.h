@@ -67,6 +67,10 @@ class Backend {
   // Memory on the backend's device (host memory for cpu). Aligned to 64 bytes.
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* ptr) = 0;
+  // Memory for a model's weights: written once at load, then streamed by every step until the
+  // model goes. The cpu backend carves it out of huge-page slabs (see CpuBackend::alloc_weights);
+  // free() takes it back like any other.
+  virtual void* alloc_weights(size_t bytes) { return alloc(bytes); }
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // Host memory <-> backend memory. On cpu both sides are host memory, so a memcpy; a device

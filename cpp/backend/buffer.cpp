@@ -7,6 +7,14 @@ Buffer::Buffer(Backend* backend, size_t bytes, bool zero) : backend_(backend), b
   data_ = backend_->alloc(bytes);
   if (zero) backend_->fill_zero(data_, bytes);
 }
+Buffer Buffer::weights(Backend* backend, size_t bytes, bool zero) {
+  Buffer b;
+  b.backend_ = backend;
+  b.bytes_ = bytes;
+  b.data_ = backend->alloc_weights(bytes);
+  if (zero) backend->fill_zero(b.data_, bytes);
+  return b;
+}
 Buffer::~Buffer() {
   if (data_) backend_->free(data_);
 }

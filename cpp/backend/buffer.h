@@ -13,6 +13,8 @@ class Buffer {
   Buffer() = default;
   // zero=false leaves the pages untouched (the OS maps them lazily): the KV pool relies on it.
   Buffer(Backend* backend, size_t bytes, bool zero = true);
+  // Weight memory (Backend::alloc_weights).
+  static Buffer weights(Backend* backend, size_t bytes, bool zero);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

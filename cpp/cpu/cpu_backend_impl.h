@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -37,6 +38,7 @@ class CpuBackend final : public Backend {
   std::vector<int> bind_threads(const std::string& spec, int offset) override;
 
   void* alloc(size_t bytes) override;
+  void* alloc_weights(size_t bytes) override;
   void free(void* ptr) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void fill_zero(void* dst, size_t bytes) override;
@@ -201,6 +203,17 @@ class CpuBackend final : public Backend {
   std::vector<MoeTaskScratch> moe_task_scratch_;
   std::mutex mapped_mu_;
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
+  // Weight slabs (alloc_weights): huge-page-aligned mappings that small tensors share, by base
+  // address; a slab goes back to the OS when its last tensor is freed. Under mapped_mu_.
+  struct Slab {
+    size_t bytes = 0, used = 0;
+    int64_t live = 0;
+  };
+  std::map<char*, Slab> slabs_;
+  char* open_slab_ = nullptr;  // where the next small tensor goes
+  bool huge_pages_ = true;     // FANTAI_HUGEPAGES=0: the same slabs, no MADV_HUGEPAGE (A/B)
+  static constexpr size_t kHugePage = size_t{2} << 20, kSlabBytes = size_t{8} << 20;
+  void* map_aligned(size_t bytes);
 };
 
 }  // namespace fantai::cpu

@@ -103,6 +103,10 @@ CpuSwitches cpu_switches() {
   FANTAI_REQUIRE(!amx || !*amx || !std::strcmp(amx, "0") || !std::strcmp(amx, "1"),
                  "FANTAI_AMX='" << amx << "' not understood (0|1)");
   s.amx = !(amx && !std::strcmp(amx, "0"));
+  const char* huge = std::getenv("FANTAI_HUGEPAGES");
+  FANTAI_REQUIRE(!huge || !*huge || !std::strcmp(huge, "0") || !std::strcmp(huge, "1"),
+                 "FANTAI_HUGEPAGES='" << huge << "' not understood (0|1)");
+  s.huge_pages = !(huge && !std::strcmp(huge, "0"));
   return s;
 }
 

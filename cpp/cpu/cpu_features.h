@@ -23,6 +23,7 @@ struct CpuSwitches {
   bool quant_f32 = false;  // FANTAI_QUANT_KERNEL=f32: f32-dequant kernels, exact activations
                            // (default / int8 / vnni: the int8-activation panel kernels)
   bool amx = true;         // FANTAI_AMX=0 turns AMX off (A/B runs)
+  bool huge_pages = true;  // FANTAI_HUGEPAGES=0: weights without MADV_HUGEPAGE (A/B runs)
 };
 CpuSwitches cpu_switches();
 

@@ -187,7 +187,7 @@ void Weights::add_quant_part(const Slot& s, const std::string& name, const Quant
   QuantPart part;
   part.row0 = s.row_offset;
   const size_t bytes = backend_->quant_packed_bytes(canonical);
-  part.mem = Buffer(backend_, bytes, false);
+  part.mem = Buffer::weights(backend_, bytes, false);
   part.w = backend_->pack_quant(canonical, part.mem.data());
   if (shard_.active() && s.qparts == &embed_q_) add_tied_slice(canonical);
   std::lock_guard<std::mutex> lock(mu_);
@@ -218,7 +218,7 @@ void Weights::add_tied_slice(const QuantMatrix& m) {
   v.fmin = m.fmin ? m.fmin + r0 * nf : nullptr;
   QuantPart part;
   part.row0 = 0;
-  part.mem = Buffer(backend_, backend_->quant_packed_bytes(v), false);
+  part.mem = Buffer::weights(backend_, backend_->quant_packed_bytes(v), false);
   part.w = backend_->pack_quant(v, part.mem.data());
   std::lock_guard<std::mutex> lock(mu_);
   tied_q_.clear();
@@ -490,7 +490,7 @@ void Weights::pack_layers() {
     if (!L.experts.empty()) pack_experts(L);
     for (size_t i = 0; i < count; ++i) {
       const auto& mt = mats[i];
-      Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, mt.n, mt.k), false);
+      Buffer packed = Buffer::weights(backend_, backend_->dense_packed_bytes(dtype_, mt.n, mt.k), false);
       backend_->pack_dense(mt.b->data(), dtype_, mt.n, mt.k, packed.data());
       *mt.b = std::move(packed);
     }
@@ -508,7 +508,7 @@ void Weights::pack_lm_head() {
   const bool dense = own ? lm_head_q_.empty()
                          : embed_.data() != nullptr && embed_q_.empty() && lm_head_q_.empty();
   if (lm_head_packed_.data() || !dense || backend_->dense_packed_bytes(dtype_, V, H) == 0) return;
-  Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, V, H), false);
+  Buffer packed = Buffer::weights(backend_, backend_->dense_packed_bytes(dtype_, V, H), false);
   backend_->pack_dense(own ? lm_head_.data() : tied_rows(), dtype_, V, H, packed.data());
   lm_head_packed_ = std::move(packed);
   if (own) lm_head_ = Buffer();

@@ -107,7 +107,7 @@ void Weights::pack_experts(LayerWeights& L) {
     if (!X.gate_up_q.empty() || !X.down_q.empty() || !X.gate_up.data() || !X.down.data()) return;
   for (ExpertWeights& X : L.experts) {
     for (auto [b, n, k] : {std::tuple<Buffer*, int64_t, int64_t>{&X.gate_up, 2 * I, H}, {&X.down, H, I}}) {
-      Buffer packed(backend_, backend_->dense_packed_bytes(dtype_, n, k), false);
+      Buffer packed = Buffer::weights(backend_, backend_->dense_packed_bytes(dtype_, n, k), false);
       backend_->pack_dense(b->data(), dtype_, n, k, packed.data());
       *b = std::move(packed);
     }

@@ -5,11 +5,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -843,6 +847,59 @@ TEST(CpuBackend, AllocAlignedAndFactory) {
   EXPECT_FALSE(parse_isa("sse9", &isa));
   EXPECT_LE(static_cast<int>(active_isa()), static_cast<int>(detected_isa()));
   EXPECT_STREQ(selected_isa(), isa_name(active_isa()));
+}
+
+// The VmFlags of the mapping holding p (from /proc/self/smaps), or "" where none holds it.
+std::string vm_flags_at(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(' ') != std::string::npos &&
+        std::isxdigit(static_cast<unsigned char>(line[0]))) {
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(CpuBackend, WeightsShareHugePageSlabsAndGoBackWhenFreed) {
+  auto b = create_cpu_backend(1);
+  // 40 tensors of 300 KB overflow one 8 MiB slab; 5 MiB takes a mapping of its own.
+  std::vector<size_t> sizes(40, 300 << 10);
+  sizes.push_back(100);
+  sizes.push_back(size_t{5} << 20);
+  std::vector<std::pair<char*, size_t>> got;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    char* p = static_cast<char*>(b->alloc_weights(sizes[i]));
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    std::memset(p, static_cast<int>(i + 1), sizes[i]);
+    got.emplace_back(p, sizes[i]);
+  }
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(got.back().first) % (size_t{2} << 20), 0u);
+  for (size_t i = 0; i < got.size(); ++i) {  // nothing overwrote anything
+    EXPECT_EQ(got[i].first[0], static_cast<char>(i + 1));
+    EXPECT_EQ(got[i].first[got[i].second - 1], static_cast<char>(i + 1));
+  }
+  auto sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i)
+    EXPECT_LE(sorted[i - 1].first + sorted[i - 1].second, sorted[i].first);
+  // MADV_HUGEPAGE shows as "hg" whether or not the kernel found huge pages to back it with.
+  const bool huge = cpu_switches().huge_pages;
+  for (const auto& [p, n] : got) {
+    const std::string flags = vm_flags_at(p);
+    EXPECT_NE(flags, "");
+    EXPECT_EQ(flags.find(" hg") != std::string::npos, huge) << flags;
+  }
+  for (const auto& [p, n] : got) b->free(p);
+  for (const auto& [p, n] : got) EXPECT_EQ(vm_flags_at(p), "") << "still mapped after its last tensor went";
 }
 
 TEST(ThreadPool, RunsEveryTaskOnceAndNests) {

@@ -28,6 +28,7 @@ CpuBackend::CpuBackend(Isa isa, int num_threads)
   const PanelKernels pk = panel_kernels_for(isa);
   panel_name_ = pk.name;
   panel_fn_ = pk.linear;
+  decode_panels_ = pk.decode_panels;
   quant_rows_fn_ = pk.quantize;
   panel_ = !sw.quant_f32;
   huge_pages_ = sw.huge_pages;

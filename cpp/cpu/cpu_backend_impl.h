@@ -170,6 +170,7 @@ class CpuBackend final : public Backend {
   // FANTAI_QUANT_KERNEL=f32 asks for the f32-dequant kernels (exact activations).
   const char* panel_name_ = "scalar";
   LinearPanelFn panel_fn_ = nullptr;
+  int64_t decode_panels_ = 1;  // PanelKernels::decode_panels
   QuantizeRowsFn quant_rows_fn_ = quantize_rows_int8;
   LinearPanelFn amx_panel_fn_ = nullptr;  // AMX int8 twin of panel_fn_, or none
   static constexpr int64_t kAmxPanelMinRows = 16;

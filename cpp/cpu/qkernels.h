@@ -159,6 +159,7 @@ struct PanelKernels {
   const char* name;  // "vnni", "avx2", "scalar"
   LinearPanelFn linear;
   QuantizeRowsFn quantize;
+  int decode_panels;  // panels one m = 1 tile covers side by side (its independent chains)
 };
 PanelKernels panel_kernels_for(Isa isa);
 

@@ -13,14 +13,14 @@ PanelKernels panel_kernels_for(Isa isa) {
                  "cpu: ISA level " << isa_name(isa) << " is not supported by this CPU");
   if (isa == Isa::kAvx512 && cpu_has_avx512_vnni()) {
     const QuantizeRowsFn q = avx512_quantize_rows_int8();
-    return {"vnni", avx512_vnni_linear_panel(), q ? q : quantize_rows_int8};
+    return {"vnni", avx512_vnni_linear_panel(), q ? q : quantize_rows_int8, 4};
   }
   // AVX-512 without VNNI (Skylake-X, Cascade Lake before it was added) runs the AVX2 kernel.
   if (isa != Isa::kScalar && avx2_linear_panel()) {
     const QuantizeRowsFn q = avx2_quantize_rows_int8();
-    return {"avx2", avx2_linear_panel(), q ? q : quantize_rows_int8};
+    return {"avx2", avx2_linear_panel(), q ? q : quantize_rows_int8, 2};
   }
-  return {"scalar", scalar_linear_panel(), quantize_rows_int8};
+  return {"scalar", scalar_linear_panel(), quantize_rows_int8, 1};
 }
 
 const QKernelTable& qkernels_for(Isa isa) {

@@ -3,17 +3,14 @@
 
 namespace fantai {
 
-Buffer::Buffer(Backend* backend, size_t bytes, bool zero) : backend_(backend), bytes_(bytes) {
-  data_ = backend_->alloc(bytes);
+Buffer::Buffer(Backend* backend, size_t bytes, bool zero)
+    : Buffer(backend, bytes, backend->alloc(bytes), zero) {}
+Buffer::Buffer(Backend* backend, size_t bytes, void* data, bool zero)
+    : backend_(backend), data_(data), bytes_(bytes) {
   if (zero) backend_->fill_zero(data_, bytes);
 }
 Buffer Buffer::weights(Backend* backend, size_t bytes, bool zero) {
-  Buffer b;
-  b.backend_ = backend;
-  b.bytes_ = bytes;
-  b.data_ = backend->alloc_weights(bytes);
-  if (zero) backend->fill_zero(b.data_, bytes);
-  return b;
+  return Buffer(backend, bytes, backend->alloc_weights(bytes), zero);
 }
 Buffer::~Buffer() {
   if (data_) backend_->free(data_);

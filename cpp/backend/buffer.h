@@ -28,6 +28,7 @@ class Buffer {
   }
 
  private:
+  Buffer(Backend* backend, size_t bytes, void* data, bool zero);  // takes data, from backend
   Backend* backend_ = nullptr;
   void* data_ = nullptr;
   size_t bytes_ = 0;

@@ -97,11 +97,12 @@ void* CpuBackend::alloc_weights(size_t bytes) {
     mapped_[p] = page_round(n);
     return p;
   }
-  if (!open_slab_ || slabs_[open_slab_].used + n > kSlabBytes) {
+  auto open = open_slab_ ? slabs_.find(open_slab_) : slabs_.end();
+  if (open == slabs_.end() || open->second.used + n > kSlabBytes) {
     open_slab_ = static_cast<char*>(map_aligned(kSlabBytes));
-    slabs_[open_slab_] = Slab{kSlabBytes, 0, 0};
+    open = slabs_.emplace(open_slab_, Slab{}).first;
   }
-  Slab& s = slabs_[open_slab_];
+  Slab& s = open->second;
   char* p = open_slab_ + s.used;
   s.used += n;
   ++s.live;
@@ -121,9 +122,9 @@ void CpuBackend::free(void* ptr) {
     auto s = slabs_.upper_bound(static_cast<char*>(ptr));
     if (s != slabs_.begin()) {
       --s;
-      if (static_cast<char*>(ptr) < s->first + s->second.bytes) {
+      if (static_cast<char*>(ptr) < s->first + kSlabBytes) {
         if (--s->second.live == 0) {
-          munmap(s->first, s->second.bytes);
+          munmap(s->first, kSlabBytes);
           if (open_slab_ == s->first) open_slab_ = nullptr;
           slabs_.erase(s);
         }

@@ -206,8 +206,8 @@ class CpuBackend final : public Backend {
   std::unordered_map<void*, size_t> mapped_;  // mmap-backed buffers and their lengths
   // Weight slabs (alloc_weights): huge-page-aligned mappings that small tensors share, by base
   // address; a slab goes back to the OS when its last tensor is freed. Under mapped_mu_.
-  struct Slab {
-    size_t bytes = 0, used = 0;
+  struct Slab {  // kSlabBytes long
+    size_t used = 0;
     int64_t live = 0;
   };
   std::map<char*, Slab> slabs_;

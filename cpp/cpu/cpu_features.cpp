@@ -92,6 +92,16 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
+namespace {
+// An on-by-default 0|1 switch: unset or empty is on; anything but 0 or 1 is refused.
+bool on_unless_zero(const char* name) {
+  const char* v = std::getenv(name);
+  FANTAI_REQUIRE(!v || !*v || !std::strcmp(v, "0") || !std::strcmp(v, "1"),
+                 name << "='" << v << "' not understood (0|1)");
+  return !(v && !std::strcmp(v, "0"));
+}
+}  // namespace
+
 CpuSwitches cpu_switches() {
   CpuSwitches s;
   const char* qk = std::getenv("FANTAI_QUANT_KERNEL");
@@ -99,14 +109,8 @@ CpuSwitches cpu_switches() {
                      !std::strcmp(qk, "vnni"),
                  "FANTAI_QUANT_KERNEL='" << qk << "' not understood (int8|f32)");
   s.quant_f32 = qk && !std::strcmp(qk, "f32");
-  const char* amx = std::getenv("FANTAI_AMX");
-  FANTAI_REQUIRE(!amx || !*amx || !std::strcmp(amx, "0") || !std::strcmp(amx, "1"),
-                 "FANTAI_AMX='" << amx << "' not understood (0|1)");
-  s.amx = !(amx && !std::strcmp(amx, "0"));
-  const char* huge = std::getenv("FANTAI_HUGEPAGES");
-  FANTAI_REQUIRE(!huge || !*huge || !std::strcmp(huge, "0") || !std::strcmp(huge, "1"),
-                 "FANTAI_HUGEPAGES='" << huge << "' not understood (0|1)");
-  s.huge_pages = !(huge && !std::strcmp(huge, "0"));
+  s.amx = on_unless_zero("FANTAI_AMX");
+  s.huge_pages = on_unless_zero("FANTAI_HUGEPAGES");
   return s;
 }
 

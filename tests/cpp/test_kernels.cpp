@@ -5,14 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -856,10 +855,8 @@ std::string vm_flags_at(const void* p) {
   bool inside = false;
   for (std::string line; std::getline(smaps, line);) {
     unsigned long lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(' ') != std::string::npos &&
-        std::isxdigit(static_cast<unsigned char>(line[0]))) {
+    // Only a mapping's header line is "lo-hi ...": a field such as "AnonHugePages:" stops at 'n'.
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2) {
       inside = a >= lo && a < hi;
     } else if (inside && line.rfind("VmFlags:", 0) == 0) {
       return line;
@@ -883,6 +880,7 @@ TEST(CpuBackend, WeightsShareHugePageSlabsAndGoBackWhenFreed) {
     got.emplace_back(p, sizes[i]);
   }
   EXPECT_EQ(reinterpret_cast<uintptr_t>(got.back().first) % (size_t{2} << 20), 0u);
+  EXPECT_EQ(got[1].first, got[0].first + (300 << 10)) << "small tensors share a slab";
   for (size_t i = 0; i < got.size(); ++i) {  // nothing overwrote anything
     EXPECT_EQ(got[i].first[0], static_cast<char>(i + 1));
     EXPECT_EQ(got[i].first[got[i].second - 1], static_cast<char>(i + 1));

@@ -108,6 +108,10 @@ constexpr int qk_keys(int rr) {
   return c;
 }
 
+// Rows (a decode step's GQA group: 3 for SmolLM2, 4 for Llama 3 8B) that one score tile row-group
+// covers when they are all an item has: every K element then feeds all of them from one load.
+constexpr int kAttnFewRows = 4;
+
 // qk_tile over all keys [0, nk) for a run-time row count in [1, RR]; fewer rows get wider key
 // tiles so one hsum_w still reduces (nearly) W chains.
 template <int RR, int LDT>
@@ -188,7 +192,8 @@ FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, LO lo, float cap, 
 template <int R, int LDT>
 FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr, const void* vc,
                        int64_t base, int hd, int nk) {
-  constexpr int KC = VT::kAttnChunks;
+  // Fewer rows leave registers for more head_dim chunks: more independent FMA chains per key.
+  constexpr int KC = R <= 3 ? VT::kAttnChunksFew : VT::kAttnChunks;
   const int dv = hd - hd % W;
   int d = 0;
   for (; d + KC * W <= dv; d += KC * W) {
@@ -292,8 +297,10 @@ void attention_t(const AttnItem& a, float* scratch) {
   };
   constexpr int kAhead = VT::kAttnPrefetchBlocks;
   for (int b = b_first; b < b_first + kAhead; ++b) prefetch_block(b).rest();
-  const float* qs[RQ > RP ? RQ : RP];
-  float* srow[RQ > RP ? RQ : RP];
+  constexpr int kRowPtrs = RQ > RP ? (RQ > kAttnFewRows ? RQ : kAttnFewRows)
+                                   : (RP > kAttnFewRows ? RP : kAttnFewRows);
+  const float* qs[kRowPtrs];
+  float* srow[kRowPtrs];
   float* os[RP];
   const float* ps[RP];
   for (int b = b_first; b < nblocks; ++b) {
@@ -308,8 +315,12 @@ void attention_t(const AttnItem& a, float* scratch) {
     const int i1 = win > 0 ? imin_(nq, start + bs + win - 1 - a.first_pos) : nq;
     const int r0 = i0 * G, r1 = i1 * G;
     const int nkmax = imin_(bs, a.first_pos + i1 - 1 - start + 1);
-    // Many rows: convert the block to f32 once (exact) so the tiles reload plain floats.
-    const bool convert = DT != 0 && r1 - r0 > RQ;
+    // Up to kAttnFewRows rows (a decode step's GQA group) form one score tile row-group and one
+    // output tile, so each K and V element is loaded (and widened) exactly once, straight from
+    // the cache. More rows: convert the block to f32 once (exact) so the tiles reload plain floats.
+    constexpr int RF = kAttnFewRows;
+    const bool few = r1 - r0 <= RF;
+    const bool convert = DT != 0 && !few;
     const void* kc = a.k_cache;
     const void* vc = a.v_cache;
     int64_t kvbase = base;
@@ -323,19 +334,21 @@ void attention_t(const AttnItem& a, float* scratch) {
     // Block b + kAhead, spread over this block's score tiles.
     Prefetch pf = prefetch_block(b + kAhead);
     {
-      const int rq = imin_(RQ, r1 - r0), kc = qk_keys(rq),
+      const int rq = few ? r1 - r0 : imin_(RQ, r1 - r0), kc = qk_keys(rq),
                 tiles = (r1 - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
       pf.step = (head_bytes / tiles + 63) / 64 * 64;
     }
     // Scores. A row past its own position's keys gets extra columns it never reads.
-    for (int r = r0; r < r1; r += RQ) {
-      const int rows = imin_(RQ, r1 - r);
+    const int rstep = few ? r1 - r0 : RQ;
+    for (int r = r0; r < r1; r += rstep) {
+      const int rows = imin_(rstep, r1 - r);
       for (int t = 0; t < rows; ++t) {
         qs[t] = q_of(r + t);
         srow[t] = sc + static_cast<int64_t>(r + t) * bsp;
       }
-      if (DT == 0 || convert) qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
-      else qk_rows<RQ, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+      // Not few: f32 in the cache, or converted above.
+      if (few) qk_rows<RF, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+      else qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
     }
     pf.rest();
     // Softmax of every row that sees this block, W rows at a time.

@@ -18,6 +18,7 @@ struct VT : vt_avx512::VT {
   // Attention: 4 rows x 4 keys of score chains (16 accumulators, one VT::hsum_w); 6 rows x 4
   // head_dim chunks of output accumulators (24) while V rows stream.
   static constexpr int kAttnQkRows = 4, kAttnRows = 6, kAttnChunks = 4;
+  static constexpr int kAttnChunksFew = 4;       // as kAttnChunks: AVX-512 keeps its measured tiles
   static constexpr int kAttnPrefetchBlocks = 1;  // how far ahead attention prefetches K/V
 };
 

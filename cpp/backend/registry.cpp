@@ -31,6 +31,11 @@ QuantMatrix Backend::pack_quant(const QuantMatrix&, void*) {
 void Backend::linear_q(const float*, const QuantMatrix&, const float*, float*, int64_t, int64_t) {
   FANTAI_THROW("quantized linear is not supported on the " << name() << " backend");
 }
+void Backend::linear_q_parts(const float* x, const QuantMatrix* const* parts, const int64_t* row0,
+                             int n_parts, const float* bias, float* y, int64_t m, int64_t ldy) {
+  for (int i = 0; i < n_parts; ++i)
+    linear_q(x, *parts[i], bias ? bias + row0[i] : nullptr, y + row0[i], m, ldy);
+}
 size_t Backend::dense_packed_bytes(DType, int64_t, int64_t) const { return 0; }
 void Backend::pack_dense(const void*, DType, int64_t, int64_t, void*) {
   FANTAI_THROW("packed dense weights are not supported on the " << name() << " backend");

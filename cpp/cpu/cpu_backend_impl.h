@@ -63,6 +63,8 @@ class CpuBackend final : public Backend {
 
   void linear_q(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                 int64_t ldy) override;
+  void linear_q_parts(const float* x, const QuantMatrix* const* parts, const int64_t* row0, int n_parts,
+                      const float* bias, float* y, int64_t m, int64_t ldy) override;
 
   void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out) override;
 
@@ -145,6 +147,10 @@ class CpuBackend final : public Backend {
                   const float* bias, float* y, const AmxActOut* act);
   void linear_panel(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                     int64_t ldy);
+  // linear_panel's halves: x to int8 blocks (member scratch), then the parts' panels over the pool.
+  QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, int32_t block);
+  void run_panels(const QuantizedRows& xq, const QuantMatrix* const* parts, const int64_t* row0, int n_parts,
+                  const float* bias, float* y, int64_t m, int64_t ldy);
 
   // Runs f(row) for every row, spread over the pool in contiguous runs when there is enough work.
   template <typename F>

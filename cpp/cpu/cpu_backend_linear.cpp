@@ -173,8 +173,26 @@ void CpuBackend::embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& t
 // 16-row panels spread over the pool like the dense linear's column chunks.
 void CpuBackend::linear_panel(const float* x, const QuantMatrix& w, const float* bias, float* y, int64_t m,
                               int64_t ldy) {
-  const int64_t k = w.cols, panels = ceil_div(w.rows, 16);
-  const int32_t block = xq_block(w);
+  const QuantMatrix* parts[] = {&w};
+  const int64_t row0[] = {0};
+  run_panels(quantize_rows(x, m, w.cols, xq_block(w)), parts, row0, 1, bias, y, m, ldy);
+}
+
+// Every part in the panel layout, without act-order, over the same columns and activation
+// blocks: one quantization of x and one pool dispatch for all of them. Otherwise part by part.
+void CpuBackend::linear_q_parts(const float* x, const QuantMatrix* const* parts, const int64_t* row0,
+                                int n_parts, const float* bias, float* y, int64_t m, int64_t ldy) {
+  bool together = n_parts > 1 && m > 0;
+  for (int i = 0; i < n_parts && together; ++i) {
+    const QuantMatrix& w = *parts[i];
+    together = is_panel_layout(w.layout) && panel_fn_ && !w.perm && w.cols == parts[0]->cols &&
+               xq_block(w) == xq_block(*parts[0]) && ldy >= row0[i] + w.rows;
+  }
+  if (!together) return Backend::linear_q_parts(x, parts, row0, n_parts, bias, y, m, ldy);
+  run_panels(quantize_rows(x, m, parts[0]->cols, xq_block(*parts[0])), parts, row0, n_parts, bias, y, m, ldy);
+}
+
+QuantizedRows CpuBackend::quantize_rows(const float* x, int64_t m, int64_t k, int32_t block) {
   QuantizedRows xq;
   xq.nblocks = ceil_div(k, block);
   xq.ld = xq.nblocks * block;
@@ -196,29 +214,53 @@ void CpuBackend::linear_panel(const float* x, const QuantMatrix& w, const float*
   xq.q = xq_q_.data();
   xq.d = xq_d_.data();
   xq.s = xq_s_.data();
+  return xq;
+}
+
+// The parts' panels in one index space (part 0's units, then part 1's, ...), dealt into chunks
+// as one matrix's would be; a chunk that straddles parts runs each part's share. Which task runs
+// which panels never changes a row's result.
+void CpuBackend::run_panels(const QuantizedRows& xq, const QuantMatrix* const* parts, const int64_t* row0,
+                            int n_parts, const float* bias, float* y, int64_t m, int64_t ldy) {
+  const int64_t k = parts[0]->cols;
   // AMX tiles take 16 rows at a time and unpack each panel once per task: taller row blocks.
   const bool amx = amx_panel_fn_ && m >= kAmxPanelMinRows;
   const int64_t row_block = amx ? 128 : 64;
   const int64_t row_blocks = ceil_div(m, row_block);
-  const int T = pool_.size();
-  const int64_t want = (m * w.rows * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
   // Decode: whole tiles (decode_panels_ wide, their independent chains) dealt as evenly as
   // they go into `want` chunks. Fixed-size chunks of 4 panels left SmolLM2's 36-panel o and down
   // projections 9 chunks for 2 threads (5 against 4: 11% of those calls idle on AVX2, whose
   // tiles are 2 panels and so split 18 / 18).
-  const int64_t unit = m == 1 ? decode_panels_ : 1, units = ceil_div(panels, unit);
+  const int64_t unit = m == 1 ? decode_panels_ : 1;
+  int64_t units = 0, rows = 0;
+  std::vector<int64_t> first_unit(n_parts + 1);
+  for (int i = 0; i < n_parts; ++i) {
+    first_unit[i] = units;
+    units += ceil_div(ceil_div(parts[i]->rows, 16), unit);
+    rows += parts[i]->rows;
+  }
+  first_unit[n_parts] = units;
+  const int T = pool_.size();
+  const int64_t want = (m * rows * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
   const int64_t chunks = std::min(units, want);
   const LinearPanelFn fn = amx ? amx_panel_fn_ : panel_fn_;
   pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {
     const int64_t rb = t / chunks, cb = t % chunks;
     const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
-    const int64_t p0 = std::min(panels, units * cb / chunks * unit);
-    const int64_t p1 = std::min(panels, units * (cb + 1) / chunks * unit);
+    const int64_t u0 = units * cb / chunks, u1 = units * (cb + 1) / chunks;
     QuantizedRows part = xq;
     part.q += r0 * xq.ld;
     part.d += r0 * xq.nblocks;
     part.s += r0 * xq.nblocks;
-    fn(part, w, bias, y + r0 * ldy, r1 - r0, ldy, p0, p1);
+    for (int i = 0; i < n_parts; ++i) {
+      const int64_t a = std::max(u0, first_unit[i]), b = std::min(u1, first_unit[i + 1]);
+      if (a >= b) continue;
+      const QuantMatrix& w = *parts[i];
+      const int64_t panels = ceil_div(w.rows, 16);
+      const int64_t p0 = std::min(panels, (a - first_unit[i]) * unit);
+      const int64_t p1 = std::min(panels, (b - first_unit[i]) * unit);
+      fn(part, w, bias ? bias + row0[i] : nullptr, y + r0 * ldy + row0[i], r1 - r0, ldy, p0, p1);
+    }
   });
 }
 

@@ -639,6 +639,48 @@ TEST_P(PanelKernels, BackendLinearIsBatchAndThreadInvariant) {
   }
 }
 
+// A fused matrix's parts (q | k | v, gate | up) in one call give each part's linear_q bits: run
+// as one op when every part takes the same activation blocks (ragged parts, a 6-bit one beside
+// 4-bit ones), part by part when not (an act-order part, 16-column blocks beside 32), at decode and
+// prefill sizes, on 1 and 2 threads; the columns past the parts stay untouched.
+TEST_P(PanelKernels, BackendPartsEqualPartByPart) {
+  const int64_t k = 576;
+  const std::vector<std::vector<Spec>> sets = {
+      {Spec{4, 32, false, true, false}, Spec{4, 32, false, true, false}, Spec{8, 32, true, true, false, 6}},
+      {Spec{4, 32, false, true, false}, Spec{8, 16, true, false, false}},
+      {Spec{4, 32, false, true, false}, Spec{4, 32, true, false, true}},
+  };
+  const int64_t part_rows[] = {96, 33, 40};
+  for (int threads : {1, 2}) {
+    auto be = cpu::make_cpu_backend(GetParam(), threads);
+    for (size_t si = 0; si < sets.size(); ++si) {
+      std::vector<Packed> packed;
+      std::vector<const QuantMatrix*> ws;
+      std::vector<int64_t> row0;
+      int64_t n = 0;
+      for (size_t i = 0; i < sets[si].size(); ++i) {
+        packed.push_back(
+            pack_panel(random_quant(part_rows[i], k, sets[si][i], 20 + static_cast<uint32_t>(i))));
+        row0.push_back(n);
+        n += part_rows[i];
+      }
+      for (const Packed& p : packed) ws.push_back(&p.w);
+      const int64_t ldy = n + 5;
+      const std::vector<float> bias = randn(n, 30);
+      for (int64_t m : {1, 70}) {
+        const std::vector<float> x = randn(m * k, 31);
+        std::vector<float> got(m * ldy, 7.f), want(m * ldy, 7.f);
+        be->linear_q_parts(x.data(), ws.data(), row0.data(), static_cast<int>(ws.size()), bias.data(),
+                           got.data(), m, ldy);
+        for (size_t i = 0; i < ws.size(); ++i)
+          be->linear_q(x.data(), *ws[i], bias.data() + row0[i], want.data() + row0[i], m, ldy);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+            << "set " << si << " m " << m << " threads " << threads;
+      }
+    }
+  }
+}
+
 TEST_P(PanelKernels, BackendPacksPanelsUnlessAskedForF32) {
   const QuantTensor t = random_quant(20, 64, {4, 32, false, true, false}, 5);
   setenv("FANTAI_QUANT_KERNEL", "f32", 1);

@@ -129,12 +129,16 @@ class CpuBackend final : public Backend {
   // The one split of a linear over the pool (dense and quantized): rows in blocks of 64 (an x block
   // stays in L2 while weight tiles stream past it), columns in 16-aligned chunks sized for a few
   // tasks per thread (dynamic balance). fn(r0, r1, j0, j1) computes rows [r0, r1) x cols [j0, j1).
+  // weight_bytes: the matrix's size, for decode's chunk count (run_panels says why).
   template <typename Fn>
-  void for_each_linear_tile(int64_t m, int64_t n, int64_t k, const Fn& fn) {
+  void for_each_linear_tile(int64_t m, int64_t n, int64_t k, int64_t weight_bytes, const Fn& fn) {
     const int64_t row_block = 64;
     const int64_t row_blocks = ceil_div(m, row_block);
     const int T = pool_.size();
-    const int64_t want_chunks = (m * n * k < kParallelMinWork || T == 1) ? 1 : ceil_div(4 * T, row_blocks);
+    int64_t want_chunks = ceil_div(4 * T, row_blocks);
+    if (m == 1)
+      want_chunks = std::min<int64_t>(ceil_div(ceil_div(weight_bytes, kDecodeChunkBytes), T), 4) * T;
+    if (m * n * k < kParallelMinWork || T == 1) want_chunks = 1;
     int64_t col_chunk = (ceil_div(n, want_chunks) + 15) / 16 * 16;
     col_chunk = std::max<int64_t>(16, std::min<int64_t>(col_chunk, 2048));
     const int64_t col_chunks = ceil_div(n, col_chunk);

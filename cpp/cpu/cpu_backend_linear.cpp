@@ -12,9 +12,10 @@ void CpuBackend::linear(const float* x, const void* w, DType w_dtype, const floa
   FANTAI_REQUIRE(w_dtype != DType::kI8, "linear: int8 is a KV-cache-only dtype");
   if (m == 0 || n == 0) return;
   const auto fn = k_.linear;
-  for_each_linear_tile(m, n, k, [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
-    fn(x + r0 * k, w, w_dtype, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
-  });
+  for_each_linear_tile(m, n, k, n * k * static_cast<int64_t>(dtype_size(w_dtype)),
+                       [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
+                         fn(x + r0 * k, w, w_dtype, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
+                       });
 }
 
 // Only the AMX kernels have a cheaper bf16 form: the vector kernels multiply in f32 anyway.
@@ -146,7 +147,7 @@ void CpuBackend::linear_q(const float* x, const QuantMatrix& w, const float* bia
   }
   if (is_panel_layout(w.layout)) return linear_panel(x, w, bias, y, m, ldy);
   const auto fn = qk_.linear_q;
-  for_each_linear_tile(m, n, k, [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
+  for_each_linear_tile(m, n, k, n * k * w.bits / 8, [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
     fn(x + r0 * k, w, bias, y + r0 * ldy, r1 - r0, ldy, j0, j1);
   });
 }

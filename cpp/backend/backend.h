@@ -202,7 +202,9 @@ class Backend {
   // The row parts of one fused matrix (q | k | v, gate | up), part i writing y's columns from
   // row0[i] (its bias from bias + row0[i]): linear_q on each, the default. A backend may run
   // them as one op with the same results (the CPU backend: one activation quantization and one
-  // pool dispatch for a decode step's q, k and v instead of three of each).
+  // pool dispatch for a decode step's q, k and v instead of three of each). Callers pass at most
+  // kMaxLinearParts, so neither side allocates per call.
+  static constexpr int kMaxLinearParts = 4;
   virtual void linear_q_parts(const float* x, const QuantMatrix* const* parts, const int64_t* row0,
                               int n_parts, const float* bias, float* y, int64_t m, int64_t ldy);
   // out[i, :] = dequantized row ids[i] of `table` (original column order), [n, table.cols].

@@ -183,7 +183,7 @@ void CpuBackend::linear_panel(const float* x, const QuantMatrix& w, const float*
 // blocks: one quantization of x and one pool dispatch for all of them. Otherwise part by part.
 void CpuBackend::linear_q_parts(const float* x, const QuantMatrix* const* parts, const int64_t* row0,
                                 int n_parts, const float* bias, float* y, int64_t m, int64_t ldy) {
-  bool together = n_parts > 1 && m > 0;
+  bool together = n_parts > 1 && n_parts <= kMaxLinearParts && m > 0;
   for (int i = 0; i < n_parts && together; ++i) {
     const QuantMatrix& w = *parts[i];
     together = is_panel_layout(w.layout) && panel_fn_ && !w.perm && w.cols == parts[0]->cols &&
@@ -229,12 +229,12 @@ void CpuBackend::run_panels(const QuantizedRows& xq, const QuantMatrix* const* p
   const int64_t row_block = amx ? 128 : 64;
   const int64_t row_blocks = ceil_div(m, row_block);
   // Decode: whole tiles (decode_panels_ wide, their independent chains) dealt as evenly as
-  // they go into `want` chunks. Fixed-size chunks of 4 panels left SmolLM2's 36-panel o and down
+  // they go into linear_chunks' count. Fixed-size chunks of 4 panels left SmolLM2's 36-panel o and down
   // projections 9 chunks for 2 threads (5 against 4: 11% of those calls idle on AVX2, whose
   // tiles are 2 panels and so split 18 / 18).
   const int64_t unit = m == 1 ? decode_panels_ : 1;
   int64_t units = 0, rows = 0, bytes = 0;
-  std::vector<int64_t> first_unit(n_parts + 1);
+  int64_t first_unit[kMaxLinearParts + 1];
   for (int i = 0; i < n_parts; ++i) {
     const int64_t panels = ceil_div(parts[i]->rows, 16);
     first_unit[i] = units;
@@ -243,16 +243,7 @@ void CpuBackend::run_panels(const QuantizedRows& xq, const QuantMatrix* const* p
     bytes += panels * parts[i]->ld;
   }
   first_unit[n_parts] = units;
-  const int T = pool_.size();
-  // Decode streams the weights once: a chunk per thread, more (whole rounds of T, up to 4, for
-  // dynamic balance) only where each keeps kDecodeChunkBytes to stream, so a chunk's fixed costs
-  // (its claim, its prefetch stream starting cold, the join's tail) stay small next to its reads.
-  // Per-thread chunks ran SmolLM2's Q4_1 decode (0.2-1.1 MB matrices) 6-9% faster than 4 a
-  // thread (medians of 8 alternated pairs each).
-  int64_t want = ceil_div(4 * T, row_blocks);
-  if (m == 1) want = std::min<int64_t>(ceil_div(ceil_div(bytes, kDecodeChunkBytes), T), 4) * T;
-  if (m * rows * k < kParallelMinWork || T == 1) want = 1;
-  const int64_t chunks = std::min(units, want);
+  const int64_t chunks = std::min(units, linear_chunks(m, rows, k, bytes, row_blocks));
   const LinearPanelFn fn = amx ? amx_panel_fn_ : panel_fn_;
   pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {
     const int64_t rb = t / chunks, cb = t % chunks;

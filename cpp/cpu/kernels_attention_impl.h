@@ -192,8 +192,9 @@ FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, LO lo, float cap, 
 template <int R, int LDT>
 FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr, const void* vc,
                        int64_t base, int hd, int nk) {
-  // Fewer rows leave registers for more head_dim chunks: more independent FMA chains per key.
-  constexpr int KC = R <= 3 ? VT::kAttnChunksFew : VT::kAttnChunks;
+  // A tile short of the full kAttnRows leaves registers for more head_dim chunks: more independent
+  // FMA chains per key.
+  constexpr int KC = R < VT::kAttnRows ? VT::kAttnChunksFew : VT::kAttnChunks;
   const int dv = hd - hd % W;
   int d = 0;
   for (; d + KC * W <= dv; d += KC * W) {
@@ -297,8 +298,7 @@ void attention_t(const AttnItem& a, float* scratch) {
   };
   constexpr int kAhead = VT::kAttnPrefetchBlocks;
   for (int b = b_first; b < b_first + kAhead; ++b) prefetch_block(b).rest();
-  constexpr int kRowPtrs = RQ > RP ? (RQ > kAttnFewRows ? RQ : kAttnFewRows)
-                                   : (RP > kAttnFewRows ? RP : kAttnFewRows);
+  constexpr int kRowPtrs = imax_(imax_(RQ, RP), kAttnFewRows);
   const float* qs[kRowPtrs];
   float* srow[kRowPtrs];
   float* os[RP];
@@ -331,15 +331,16 @@ void attention_t(const AttnItem& a, float* scratch) {
       vc = vf;
       kvbase = 0;
     }
+    // Score row-groups: all the rows when few, else RQ at a time.
+    const int rstep = few ? r1 - r0 : RQ;
     // Block b + kAhead, spread over this block's score tiles.
     Prefetch pf = prefetch_block(b + kAhead);
     {
-      const int rq = few ? r1 - r0 : imin_(RQ, r1 - r0), kc = qk_keys(rq),
+      const int rq = imin_(rstep, r1 - r0), kc = qk_keys(rq),
                 tiles = (r1 - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
       pf.step = (head_bytes / tiles + 63) / 64 * 64;
     }
     // Scores. A row past its own position's keys gets extra columns it never reads.
-    const int rstep = few ? r1 - r0 : RQ;
     for (int r = r0; r < r1; r += rstep) {
       const int rows = imin_(rstep, r1 - r);
       for (int t = 0; t < rows; ++t) {

@@ -21,7 +21,7 @@ struct VT : vt_avx2::VT {
   // Attention: 2 rows x 4 keys of score chains (8 accumulators, one VT::hsum_w); 4 rows x 2
   // head_dim chunks of output accumulators (8 of the 16 ymm).
   static constexpr int kAttnQkRows = 2, kAttnRows = 4, kAttnChunks = 2;
-  // Up to 3 rows: 4 chunks, 12 accumulators; a 16-key block is then 2 passes over V, not 4.
+  // Tiles of up to 3 rows: 4 chunks, 12 accumulators; a 16-key block is then 2 passes over V, not 4.
   static constexpr int kAttnChunksFew = 4;
   static constexpr int kAttnPrefetchBlocks = 1;  // how far ahead attention prefetches K/V
 };

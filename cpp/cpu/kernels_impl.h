@@ -46,7 +46,8 @@ constexpr int elem_bytes() {
 }
 
 FT_INLINE float fmax_(float a, float b) { return a > b ? a : b; }
-FT_INLINE int imin_(int a, int b) { return a < b ? a : b; }
+FT_INLINE constexpr int imin_(int a, int b) { return a < b ? a : b; }
+FT_INLINE constexpr int imax_(int a, int b) { return a > b ? a : b; }
 
 // clang-format off: the op bodies need the shared pieces above, in this order
 #include "cpu/kernels_linear_impl.h"

@@ -83,16 +83,18 @@ void Model::linear(const float* x, const void* dense, const QuantParts& parts, c
   // Rows that came dense (all of them for an unquantized model: the path of old, bit for bit).
   if (dense && packed) be->linear_packed(x, dense, dtype_, bias, y, m, n, k);
   else if (dense) be->linear(x, dense, dtype_, bias, y, m, n, k);
-  if (parts.size() == 1)
-    return be->linear_q(x, parts[0].w, bias ? bias + parts[0].row0 : nullptr, y + parts[0].row0, m, n);
-  if (parts.empty()) return;
-  std::vector<const QuantMatrix*> ws;
-  std::vector<int64_t> row0;
-  for (const QuantPart& p : parts) {
-    ws.push_back(&p.w);
-    row0.push_back(p.row0);
+  // Parts are independent, so more than the limit (no model has them) just take several calls.
+  constexpr size_t kMax = Backend::kMaxLinearParts;
+  for (size_t i = 0; i < parts.size(); i += kMax) {
+    const QuantMatrix* ws[kMax];
+    int64_t row0[kMax];
+    const size_t np = std::min(kMax, parts.size() - i);
+    for (size_t j = 0; j < np; ++j) {
+      ws[j] = &parts[i + j].w;
+      row0[j] = parts[i + j].row0;
+    }
+    be->linear_q_parts(x, ws, row0, static_cast<int>(np), bias, y, m, n);
   }
-  be->linear_q_parts(x, ws.data(), row0.data(), static_cast<int>(parts.size()), bias, y, m, n);
 }
 
 // o and down: this rank's input columns x [m, k] give a partial of y [m, n], summed over the

@@ -151,7 +151,6 @@ bool Weights::set_local(const std::string& name, const void* data, DType src_dty
     add_quant_part(s, name, t.view(), int8 ? "int8" : "int4g32");
     return true;
   }
-  const DType dst_dtype = s.f32 ? DType::kF32 : dtype_;
   if (s.norm && config_.norm_plus_one) {
     // Gemma scales by (1 + w) in f32, as transformers does; the sum is the weight fantai keeps.
     std::vector<float> w(static_cast<size_t>(numel));

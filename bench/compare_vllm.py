@@ -94,7 +94,8 @@ def fantai_run(model: str, dtype: str, wl: dict, output_len: int, threads: int, 
 
 def vllm_run(python: str, cfg_path: Path, threads: int, max_isa: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "FANTAI_CPU_ISA"}
-    root = Path(python).resolve().parent.parent
+    # The venv's own folder: resolve() would follow bin/python to the base interpreter's prefix.
+    root = Path(os.path.abspath(python)).parent.parent
     preload = sorted(glob.glob(str(root / "lib" / "libiomp5.so")))
     preload += sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*"))[:1]
     if preload:

@@ -1270,6 +1270,9 @@ int main(int argc, char** argv) {
   int threads = 0;
   cpu::Isa isa = cpu::active_isa();
   std::string only, precision = "float32", formats;
+  // qstep's layer count: SmolLM2-135M's 30 by default; more (e.g. 300, ~1 GB of Q4_1) make the
+  // weights stream from memory on a CPU whose last-level cache holds the 30-layer set.
+  int qstep_layers = 30;
   bool min_ms_given = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -1283,6 +1286,7 @@ int main(int argc, char** argv) {
       min_ms_given = true;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
+    else if (!std::strcmp(argv[i], "--qstep-layers") && i + 1 < argc) qstep_layers = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--short")) g_short = true;
     else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) formats = "," + std::string(argv[++i]) + ",";
@@ -1291,7 +1295,7 @@ int main(int argc, char** argv) {
           stderr,
           "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
           "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|kstep|kstep-cache|amx-decode|moe] "
-          "[--formats q3_k,q2_k,...] [--cpu-time] [--matmul-precision float32|bfloat16]\n",
+          "[--formats q3_k,q2_k,...] [--cpu-time] [--matmul-precision float32|bfloat16] [--qstep-layers N]\n",
           argv[0]);
       return 2;
     }
@@ -1361,8 +1365,8 @@ int main(int argc, char** argv) {
     }
   }
   if (want("qstep")) {
-    bench_qstep(*b, kQFormats[0]);
-    bench_qstep(*b, kQFormats[2]);
+    bench_qstep(*b, kQFormats[0], qstep_layers);
+    bench_qstep(*b, kQFormats[2], qstep_layers);
   }
   if (only == "attention-kv") bench_attention_dtypes(*b);
   if (only == "attention-kv-long") {  // one shape, for profiling: batch 1 x 4096, int8

@@ -1270,7 +1270,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   cpu::Isa isa = cpu::active_isa();
   std::string only, precision = "float32", formats;
-  // qstep's layer count: SmolLM2-135M's 30 by default; more (e.g. 300, ~1 GB of Q4_1) make the
+  // qstep's layer count: SmolLM2-135M's 30 by default; more (e.g. 200, 451 MiB of Q4_1) make the
   // weights stream from memory on a CPU whose last-level cache holds the 30-layer set.
   int qstep_layers = 30;
   bool min_ms_given = false;
@@ -1286,7 +1286,8 @@ int main(int argc, char** argv) {
       min_ms_given = true;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
-    else if (!std::strcmp(argv[i], "--qstep-layers") && i + 1 < argc) qstep_layers = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--qstep-layers") && i + 1 < argc && std::atoi(argv[i + 1]) > 0)
+      qstep_layers = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--short")) g_short = true;
     else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) formats = "," + std::string(argv[++i]) + ",";

@@ -1345,11 +1345,13 @@ int main(int argc, char** argv) {
         if (wt == DType::kBF16) bench_linear_amx(*b, m, 49152, 576);
       }
       // A 512-token prefill through the default model's four layer matrices (qkv, o, gate|up,
-      // down).
+      // down): AMX-packed where the backend packs, else the vector kernel the model runs.
       if (wt == DType::kBF16)
         for (const auto& [n, k] :
-             {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}})
+             {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}}) {
+          if (b->dense_packed_bytes(DType::kBF16, n, k) == 0) bench_linear(*b, 512, n, k, wt);
           bench_linear_amx(*b, 512, n, k);
+        }
     }
   }
   if (only == "linear-prefill") {  // one figure, for profiling: the prefill's gate|up

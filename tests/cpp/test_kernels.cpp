@@ -132,6 +132,28 @@ TEST_P(Kernels, LinearBatchInvariant) {
       }
 }
 
+// A 16-bit weight widens to f32 exactly and its y element keeps the f32 kernel's chain (one lane
+// accumulator per k mod W, then VT::hsum), so y must be the f32 kernel's on the widened weights to
+// the bit, whatever loader or tile shape the 16-bit path uses: a lane that widened the wrong
+// element, or a loader that changed the chain, changes the bits. k covers whole vector steps of
+// every lane width, a masked tail and tails alone.
+TEST_P(Kernels, HalfWeightsGiveTheF32KernelsBitsOnTheWidenedValues) {
+  for (DType wt : {DType::kBF16, DType::kF16})
+    for (int64_t k : {1, 15, 16, 24, 31, 333, 576})
+      for (int64_t m : {1, 7, 37}) {
+        const int64_t n = 29;
+        SCOPED_TRACE(::testing::Message() << dtype_name(wt) << " m=" << m << " k=" << k);
+        auto x = randn(m * k, 21), wf = randn(n * k, 22), bias = randn(n, 23);
+        auto wh = to_half(wf, wt);
+        convert_to_f32(wh.data(), wt, wf.data(), wf.size());
+        std::vector<float> half(m * n), full(m * n);
+        auto b = be(2);
+        b->linear(x.data(), wh.data(), wt, bias.data(), half.data(), m, n, k);
+        b->linear(x.data(), wf.data(), DType::kF32, bias.data(), full.data(), m, n, k);
+        EXPECT_TRUE(bitwise_equal(half.data(), full.data(), half.size()));
+      }
+}
+
 // ---- norms, rope, silu, embedding, add ---------------------------------------------------------
 
 TEST_P(Kernels, RmsNormAndAddRmsNorm) {

@@ -1357,8 +1357,13 @@ int main(int argc, char** argv) {
   if (only == "linear-prefill") {  // one figure, for profiling: the prefill's gate|up
     for (int i = 0; i < 10; ++i) bench_linear_amx(*b, 512, 3072, 576);
   }
+  // --formats: the formats by name in qlinear, qstep and kstep (all of a section's when empty).
+  auto picked = [&](const QFormat& f) {
+    return formats.empty() || formats.find("," + std::string(f.name) + ",") != std::string::npos;
+  };
   if (want("qlinear")) {
     for (const QFormat& f : kQFormats) {
+      if (!picked(f)) continue;
       for (int64_t m : {1, 16, 64, 256}) bench_linear_q(*b, f, m, 1536, 576);
       bench_linear_q(*b, f, 1, 576, 1536);
       bench_linear_q(*b, f, 1, 49152, 576);
@@ -1368,8 +1373,8 @@ int main(int argc, char** argv) {
     }
   }
   if (want("qstep")) {
-    bench_qstep(*b, kQFormats[0], qstep_layers);
-    bench_qstep(*b, kQFormats[2], qstep_layers);
+    for (const QFormat* f : {&kQFormats[0], &kQFormats[2]})
+      if (picked(*f)) bench_qstep(*b, *f, qstep_layers);
   }
   if (only == "attention-kv") bench_attention_dtypes(*b);
   if (only == "attention-kv-long") {  // one shape, for profiling: batch 1 x 4096, int8
@@ -1398,8 +1403,7 @@ int main(int argc, char** argv) {
     const bool in_cache = only == "kstep-cache";
     if (!in_cache && g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());
     for (const QFormat& f : kKFormats)
-      if (formats.empty() || formats.find("," + std::string(f.name) + ",") != std::string::npos)
-        bench_kstep(*b, f, in_cache);
+      if (picked(f)) bench_kstep(*b, f, in_cache);
   }
   if (only == "moe") {  // not in the default run: the experts take 0.4-1.2 GB
     if (g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());

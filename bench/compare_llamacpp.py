@@ -352,10 +352,16 @@ def model_kind(path: str) -> str:
     return "/".join(name for name, _ in types.most_common())
 
 
-def llamacpp_isa_above(python: str, isa: str) -> list[str]:
-    """The ISA extensions in llama.cpp's system info that FANTAI_CPU_ISA=isa does not use."""
-    info = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"],
-                          capture_output=True, text=True, check=True).stdout
+def llamacpp_isa_above(python: str, isa: str) -> list[str] | None:
+    """The ISA extensions in llama.cpp's system info that FANTAI_CPU_ISA=isa does not use; None when
+    `python` cannot import llama_cpp."""
+    r = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        last = r.stderr.strip().splitlines()
+        log(f"{python} cannot import llama_cpp: {last[-1] if last else f'exit {r.returncode}'}")
+        return None
+    info = r.stdout
     on = {k.strip() for k, _, v in (f.partition("=") for f in info.split("|")) if v.strip() == "1"}
     above = {"avx512": (), "avx2": ("AVX512", "AVX_VNNI", "AMX_"), "scalar": ("AVX", "FMA", "F16C", "AMX_")}
     return sorted(f for f in on if f.startswith(above.get(isa, ())))
@@ -657,13 +663,17 @@ def main(argv: list[str] | None = None) -> int:
     if lcpp and not os.access(lcpp, os.X_OK):
         log(f"--llama-cpp-python {lcpp} is not an executable")
         lcpp = None
+    if lcpp is not None and args.fantai_isa:
+        above = llamacpp_isa_above(lcpp, args.fantai_isa)
+        if above is None:
+            lcpp = None
+        elif above:
+            log(f"--fantai-isa {args.fantai_isa}, but {lcpp}'s llama.cpp was built with {', '.join(above)}: not "
+                "like with like. Rebuild it for that level; pip reuses a wheel it built before whatever "
+                "CMAKE_ARGS say, so install with --no-cache-dir (bench/README.md has the command)")
+            return 2
     if lcpp is None:
         log(INSTALL_HINT)
-    elif args.fantai_isa and (above := llamacpp_isa_above(lcpp, args.fantai_isa)):
-        log(f"--fantai-isa {args.fantai_isa}, but {lcpp}'s llama.cpp was built with {', '.join(above)}: not "
-            "like with like. Rebuild it for that level; pip reuses a wheel it built before whatever CMAKE_ARGS "
-            "say, so install with --no-cache-dir (bench/README.md has the command)")
-        return 2
     log(f"workload: {args.num_prompts} prompts, {n_prompt} prompt tokens, {args.output_len} output tokens each, "
         f"threads {args.threads}")
 

@@ -108,6 +108,159 @@ FV_INLINE void add_planes8(const uint8_t* pl, int h, __m256i* wl, __m256i* wh) {
   }
 }
 
+// 8 lanes of a group's zero from element gi, as f32.
+FV_INLINE __m256 load_zero8(const QuantMatrix& w, int64_t gi) {
+  return w.zero ? _mm256_cvtepi32_ps(
+                      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero + gi))))
+                : _mm256_set1_ps(static_cast<float>(w.zero_point));
+}
+
+// 128 sum(x) of block bi into each row's sums: with the 8-bit weights taken as w - 128 (step8),
+// sum(w x) = sum((w - 128) x) + 128 sum(x), exactly, in int32.
+template <int R, int U>
+FV_INLINE void add_zero128(const QuantizedRows& x, int64_t r0, int64_t bi, __m256i (&iacc)[R][U]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m256i s128 = _mm256_set1_epi32(128 * x.s[(r0 + r) * x.nblocks + bi]);
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
+  }
+}
+
+// One 4-column step of 8-bit weights for R rows x U units: unit u's 32 bytes at
+// wp + (u / 2) * wld + 32 * (u & 1), row r's 4 activations at xq + r * xld. The weights are u8 with
+// a zero of 128, taken as w - 128 in s8 and multiplied by the sign trick (|w - 128| as u8 times x
+// with w - 128's sign): a pair is at most 2 * 128 * 127 = 32512, so vpmaddubsw never saturates.
+template <int R, int U>
+FV_INLINE void step8(const uint8_t* wp, int64_t wld, const int8_t* xq, int64_t xld, __m256i (&iacc)[R][U]) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  __m256i xv[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) xv[r] = bcast4(xq + r * xld);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const __m256i ws = _mm256_xor_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + (u / 2) * wld + 32 * (u & 1))), flip);
+    const __m256i wa = _mm256_abs_epi8(ws);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      iacc[r][u] = _mm256_add_epi32(
+          iacc[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], ws)), ones));
+  }
+}
+
+// One 8-column step of 4-, 5- or 6-bit weights into the int16 sums, laid out as step8's (the
+// planes of unit u at pp + (u / 2) * wld, unused for 4 bits); row r's 8 activations at xq + r * xld.
+template <int R, int U, int BITS>
+FV_INLINE void nibble_step(const uint8_t* wp, const uint8_t* pp, int64_t wld, const int8_t* xq, int64_t xld,
+                           __m256i (&acc16)[R][U]) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0f);
+  __m256i xl[R], xh[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    xl[r] = bcast4(xq + r * xld);
+    xh[r] = bcast4(xq + r * xld + 4);
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const __m256i wb = load_nibble_half(wp + (u / 2) * wld, u);
+    __m256i wl = _mm256_and_si256(wb, lo4);
+    __m256i wh = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);
+    if constexpr (BITS != 4) add_planes8<BITS>(pp + (u / 2) * wld, u & 1, &wl, &wh);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      acc16[r][u] = _mm256_add_epi16(
+          acc16[r][u], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xl[r]), _mm256_maddubs_epi16(wh, xh[r])));
+  }
+}
+
+// The VNNI kernel's per-block update, lane for lane: block bi of rows r0 .. r0 + R - 1 into facc.
+template <int R, int U, bool HZ, bool HM, bool Z128>
+FV_INLINE void block_update(const QuantizedRows& x, int64_t r0, int64_t bi, const __m256i (&iacc)[R][U],
+                            const __m256* vs, const __m256* vz, const __m256* vm, __m256 (&facc)[R][U]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const float d = x.d[(r0 + r) * x.nblocks + bi];
+    const float sx = static_cast<float>(x.s[(r0 + r) * x.nblocks + bi]);
+    const __m256 vd = _mm256_set1_ps(d), vsx = _mm256_set1_ps(sx), vdsx = _mm256_set1_ps(d * sx);
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      __m256 t = _mm256_cvtepi32_ps(iacc[r][u]);
+      if constexpr (HZ && !Z128) t = _mm256_sub_ps(t, _mm256_mul_ps(vz[u], vsx));  // exact: integers < 2^24
+      facc[r][u] = _mm256_fmadd_ps(t, _mm256_mul_ps(vs[u], vd), facc[r][u]);
+      if constexpr (HM) facc[r][u] = _mm256_fmadd_ps(vm[u], vdsx, facc[r][u]);
+    }
+  }
+}
+
+// The tile's sums plus the bias into y (rows r0 .., panel p's units).
+template <int R, int U>
+FV_INLINE void store_tile(const QuantMatrix& w, const float* bias, float* y, int64_t ldy, int64_t p,
+                          int64_t r0, const __m256 (&facc)[R][U]) {
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const int64_t j = p * 16 + 8 * u;
+    const int n = static_cast<int>(min64(8, w.rows - j));
+    if (n <= 0) continue;
+    const __m256i mk = vt_avx2::VT::mask(n);
+    const __m256 vb = bias ? _mm256_maskload_ps(bias + j, mk) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      _mm256_maskstore_ps(y + (r0 + r) * ldy + j, mk, _mm256_add_ps(facc[r][u], vb));
+  }
+}
+
+// unit_tile where every group is one full 32-column block (G == 32, k % 32 == 0: Q4_0, Q4_1,
+// Q8_0, 32-groups of GPTQ / AWQ), with plain f32 or f16 scales: the same arithmetic in the same
+// order, with the block loop, its steps and the addresses fixed at compile time. The general
+// loop's per-group bookkeeping was ~25% of Q8_0's instructions.
+template <int R, int U, int BITS, bool HZ, bool HM, int HS, bool Z128>
+FV_INLINE void unit_tile_g32(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                             int64_t ldy, int64_t p, int64_t r0, int64_t pf0, int64_t pf1) {
+  static_assert(BITS == 4 || BITS == 8, "");
+  const int64_t ng = w.ngroups();
+  constexpr int64_t gbytes = 32 * 2 * BITS;  // a group's bytes in a panel
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data) + p * w.ld;
+  const int8_t* xq = x.q + r0 * x.ld;
+  const int64_t gi0 = p * ng * 16;  // panel p's scales; panel p + 1's are ng * 16 on
+  __m256 facc[R][U];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) facc[r][u] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g, wp += gbytes, xq += 32) {
+    panel_prefetch_group<BITS, HZ, HM, HS>(w, pf0, pf1, g);
+    __m256 vs[U], vz[U], vm[U];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      const int64_t gi = gi0 + (u / 2) * ng * 16 + g * 16 + 8 * (u & 1);
+      vs[u] = load_scale8<HS>(w.scale, gi);
+      if constexpr (HM) vm[u] = load_scale8<HS>(w.min, gi);
+      if constexpr (HZ) vz[u] = load_zero8(w, gi);
+    }
+    __m256i iacc[R][U];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_setzero_si256();
+    if constexpr (BITS == 8) {
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) step8<R, U>(wp + 64 * t, w.ld, xq + 4 * t, x.ld, iacc);
+      if constexpr (!Z128) add_zero128<R, U>(x, r0, g, iacc);
+    } else {
+      // See unit_tile: a block's four steps cannot overflow the int16 sums.
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) nibble_step<R, U, 4>(wp + 64 * t, nullptr, w.ld, xq + 8 * t, x.ld, iacc);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_madd_epi16(iacc[r][u], _mm256_set1_epi16(1));
+    }
+    block_update<R, U, HZ, HM, Z128>(x, r0, g, iacc, vs, vz, vm, facc);
+  }
+  store_tile<R, U>(w, bias, y, ldy, p, r0, facc);
+}
+
 // A tile is R activation rows x U units (pf0 .. pf1: the panels to prefetch, see
 // qkernels_panel_prefetch.h), a unit being 8 consecutive rows of W (half a panel): unit
 // u of the tile is half (u & 1) of panel p + u / 2. A 64-byte panel step is two 32-byte unit steps.
@@ -117,6 +270,10 @@ FV_INLINE void add_planes8(const uint8_t* pl, int h, __m256i* wl, __m256i* wh) {
 template <int R, int U, int BITS, bool HZ, bool HM, int HS, bool CB, bool Z128 = false>
 FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                          int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
+  if constexpr ((BITS == 4 || BITS == 8) && !CB && !is_sub_scale_mode(HS)) {
+    if (w.group == 32 && w.cols % 32 == 0)
+      return unit_tile_g32<R, U, BITS, HZ, HM, HS, Z128>(x, w, bias, y, ldy, p, r0, pf0, pf1);
+  }
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   // B is 32 or 16 (xq_block): a shift, not the 64-bit idiv b0 / B compiled to once per block.
@@ -162,11 +319,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
         vs[u] = load_scale8<HS>(w.scale, gi);
         if constexpr (HM) vm[u] = load_scale8<HS>(w.min, gi);
       }
-      if constexpr (HZ) {
-        vz[u] = w.zero ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero + gi))))
-                       : _mm256_set1_ps(static_cast<float>(w.zero_point));
-      }
+      if constexpr (HZ) vz[u] = load_zero8(w, gi);
     }
     const int64_t g0 = g * G, g1 = min64(g0 + G, k);
     for (int64_t b0 = g0; b0 < g1; b0 += B) {
@@ -205,12 +358,7 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
             }
           }
         }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const __m256i s128 = _mm256_set1_epi32(128 * x.s[(r0 + r) * x.nblocks + bi]);
-#pragma GCC unroll 4
-          for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
-        }
+        add_zero128<R, U>(x, r0, bi, iacc);
       } else if constexpr (BITS < 4) {
         // 16-column steps, vector s = bits 2s, 2s + 1 of the step's bytes (3-bit: bit 2 from bit
         // 4h + s of the plane, h the unit's half) against activations 4s .. 4s + 3. u2 x s8 pairs
@@ -264,20 +412,8 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
           }
         const int steps = static_cast<int>((blen + 7) / 8);
         for (int t = 0; t < steps; ++t) {
-          __m256i xl[R], xh[R];
-          bcast_step<R>(x, r0, b0 + 8 * t, xl, xh);
-#pragma GCC unroll 4
-          for (int u = 0; u < U; ++u) {
-            const __m256i wb = load_nibble_half(wbase + (p + u / 2) * w.ld + boff + 64 * t, u);
-            __m256i wl = _mm256_and_si256(wb, lo4);
-            __m256i wh = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);
-            if constexpr (BITS != 4)
-              add_planes8<BITS>(wbase + (p + u / 2) * w.ld + poff + PB * t, u & 1, &wl, &wh);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r)
-              acc16[r][u] = _mm256_add_epi16(acc16[r][u], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xl[r]),
-                                                                           _mm256_maddubs_epi16(wh, xh[r])));
-          }
+          nibble_step<R, U, BITS>(wbase + p * w.ld + boff + 64 * t, wbase + p * w.ld + poff + PB * t, w.ld,
+                                  x.q + r0 * x.ld + b0 + 8 * t, x.ld, acc16);
           if constexpr (BITS != 4) {
             if ((t + 1) % kWiden == 0 || t + 1 == steps) {
 #pragma GCC unroll 4
@@ -297,69 +433,19 @@ FV_INLINE void unit_tile(const QuantizedRows& x, const QuantMatrix& w, const flo
             for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_madd_epi16(acc16[r][u], ones);
         }
       } else {
-        // u8 weights as w - 128 in s8, multiplied by the sign trick (|w - 128| as u8 times x with
-        // w - 128's sign): a pair is at most 2 * 128 * 127 = 32512, so vpmaddubsw never saturates.
-        // sum(w x) = sum((w - 128) x) + 128 sum(x), exactly, in int32.
-        const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
           for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_setzero_si256();
         const int steps = static_cast<int>((blen + 3) / 4);
-        for (int t = 0; t < steps; ++t) {
-          __m256i xv[R];
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 4 * t);
-#pragma GCC unroll 4
-          for (int u = 0; u < U; ++u) {
-            const __m256i ws = _mm256_xor_si256(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wbase + (p + u / 2) * w.ld + boff +
-                                                                    64 * t + 32 * (u & 1))),
-                flip);
-            const __m256i wa = _mm256_abs_epi8(ws);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r)
-              iacc[r][u] = _mm256_add_epi32(
-                  iacc[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], ws)), ones));
-          }
-        }
-        if constexpr (!Z128) {
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            const __m256i s128 = _mm256_set1_epi32(128 * x.s[(r0 + r) * x.nblocks + bi]);
-#pragma GCC unroll 4
-            for (int u = 0; u < U; ++u) iacc[r][u] = _mm256_add_epi32(iacc[r][u], s128);
-          }
-        }
+        for (int t = 0; t < steps; ++t)
+          step8<R, U>(wbase + p * w.ld + boff + 64 * t, w.ld, x.q + r0 * x.ld + b0 + 4 * t, x.ld, iacc);
+        if constexpr (!Z128) add_zero128<R, U>(x, r0, bi, iacc);
       }
-      // The VNNI kernel's per-block update, lane for lane.
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const float d = x.d[(r0 + r) * x.nblocks + bi];
-        const float sx = static_cast<float>(x.s[(r0 + r) * x.nblocks + bi]);
-        const __m256 vd = _mm256_set1_ps(d), vsx = _mm256_set1_ps(sx), vdsx = _mm256_set1_ps(d * sx);
-#pragma GCC unroll 4
-        for (int u = 0; u < U; ++u) {
-          __m256 t = _mm256_cvtepi32_ps(iacc[r][u]);
-          if constexpr (HZ && !Z128)
-            t = _mm256_sub_ps(t, _mm256_mul_ps(vz[u], vsx));  // exact: integers < 2^24
-          facc[r][u] = _mm256_fmadd_ps(t, _mm256_mul_ps(vs[u], vd), facc[r][u]);
-          if constexpr (HM) facc[r][u] = _mm256_fmadd_ps(vm[u], vdsx, facc[r][u]);
-        }
-      }
+      block_update<R, U, HZ, HM, Z128>(x, r0, bi, iacc, vs, vz, vm, facc);
     }
   }
-#pragma GCC unroll 4
-  for (int u = 0; u < U; ++u) {
-    const int64_t j = p * 16 + 8 * u;
-    const int n = static_cast<int>(min64(8, w.rows - j));
-    if (n <= 0) continue;
-    const __m256i mk = vt_avx2::VT::mask(n);
-    const __m256 vb = bias ? _mm256_maskload_ps(bias + j, mk) : _mm256_setzero_ps();
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-      _mm256_maskstore_ps(y + (r0 + r) * ldy + j, mk, _mm256_add_ps(facc[r][u], vb));
-  }
+  store_tile<R, U>(w, bias, y, ldy, p, r0, facc);
 }
 
 template <int RR, int U, int BITS, bool HZ, bool HM, int HS, bool CB, bool Z128>

@@ -33,19 +33,142 @@ FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 #include "cpu/qkernels_panel_impl.h"
 #include "cpu/qkernels_panel_prefetch.h"
 
+// One 4-column step of 8-bit weights for R rows x PC panels: panel c's 64 bytes at wp + c * wld,
+// row r's 4 activations at xq + r * xld.
+template <int R, int PC>
+FV_INLINE void step8(const uint8_t* wp, int64_t wld, const int8_t* xq, int64_t xld, __m512i (&iacc)[R][PC]) {
+  __m512i xv[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) xv[r] = bcast4(xq + r * xld);
+#pragma GCC unroll 4
+  for (int c = 0; c < PC; ++c) {
+    const __m512i wv = _mm512_loadu_si512(wp + c * wld);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wv, xv[r]);
+  }
+}
+
+// One 8-column step of 4-, 5- or 6-bit values (or codebook indices) laid out as step8's (panel c's
+// planes at pp + c * wld, unused for 4 bits); row r's 8 activations at xq + r * xld.
+template <int R, int PC, int BITS, bool CB>
+FV_INLINE void nibble_step(const uint8_t* wp, const uint8_t* pp, int64_t wld, const int8_t* xq, int64_t xld,
+                           __m512i cb, __m512i (&iacc)[R][PC]) {
+  const __m512i lo4 = _mm512_set1_epi8(0x0f);
+  __m512i xl[R], xh[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    xl[r] = bcast4(xq + r * xld);
+    xh[r] = bcast4(xq + r * xld + 4);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < PC; ++c) {
+    const __m512i wb = _mm512_loadu_si512(wp + c * wld);
+    __m512i wl = _mm512_and_si512(wb, lo4);
+    __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);
+    if constexpr (BITS == 5 || BITS == 6) add_planes<BITS>(pp + c * wld, &wl, &wh);
+    if constexpr (CB) {
+      wl = _mm512_shuffle_epi8(cb, wl);
+      wh = _mm512_shuffle_epi8(cb, wh);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wl, xl[r]);
+      iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wh, xh[r]);
+    }
+  }
+}
+
+// Block bi's float update of rows r0 .. r0 + R - 1, the order every panel kernel keeps.
+template <int R, int PC, bool HZ, bool HM>
+FV_INLINE void block_update(const QuantizedRows& x, int64_t r0, int64_t bi, const __m512i (&iacc)[R][PC],
+                            const __m512* vs, const __m512* vz, const __m512* vm, __m512 (&facc)[R][PC]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const float d = x.d[(r0 + r) * x.nblocks + bi];
+    const float sx = static_cast<float>(x.s[(r0 + r) * x.nblocks + bi]);
+    const __m512 vd = _mm512_set1_ps(d), vsx = _mm512_set1_ps(sx), vdsx = _mm512_set1_ps(d * sx);
+#pragma GCC unroll 4
+    for (int c = 0; c < PC; ++c) {
+      __m512 t = _mm512_cvtepi32_ps(iacc[r][c]);
+      if constexpr (HZ) t = _mm512_sub_ps(t, _mm512_mul_ps(vz[c], vsx));  // exact: integers < 2^24
+      facc[r][c] = _mm512_fmadd_ps(t, _mm512_mul_ps(vs[c], vd), facc[r][c]);
+      if constexpr (HM) facc[r][c] = _mm512_fmadd_ps(vm[c], vdsx, facc[r][c]);
+    }
+  }
+}
+
+// The tile's sums plus the bias into y (rows r0 .., panels p .. p + PC - 1).
+template <int R, int PC>
+FV_INLINE void store_tile(const QuantMatrix& w, const float* bias, float* y, int64_t ldy, int64_t p,
+                          int64_t r0, const __m512 (&facc)[R][PC]) {
+#pragma GCC unroll 4
+  for (int c = 0; c < PC; ++c) {
+    const int64_t j = (p + c) * 16;
+    const int n = static_cast<int>(min64(16, w.rows - j));
+    const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1u);
+    const __m512 vb = bias ? _mm512_maskz_loadu_ps(mk, bias + j) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j, mk, _mm512_add_ps(facc[r][c], vb));
+  }
+}
+
+// panel_tile where every group is one full 32-column block (G == 32, k % 32 == 0: Q4_0, Q4_1,
+// Q8_0, 32-groups of GPTQ / AWQ) with plain f32 or f16 scales: the same arithmetic in the same
+// order, with the block loop, its steps and the addresses fixed at compile time.
+template <int R, int PC, int BITS, bool HZ, bool HM, int HS>
+FV_INLINE void panel_tile_g32(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
+                              int64_t ldy, int64_t p, int64_t r0, int64_t pf0, int64_t pf1) {
+  static_assert(BITS == 4 || BITS == 8, "");
+  const int64_t ng = w.ngroups();
+  constexpr int64_t gbytes = 32 * 2 * BITS;  // a group's bytes in a panel
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data) + p * w.ld;
+  const int8_t* xq = x.q + r0 * x.ld;
+  __m512 facc[R][PC];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < PC; ++c) facc[r][c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g, wp += gbytes, xq += 32) {
+    panel_prefetch_group<BITS, HZ, HM, HS>(w, pf0, pf1, g);
+    __m512 vs[PC], vz[PC], vm[PC];
+    panel_group_scales<PC, HZ, HM, HS>(w, p, g, vs, vz, vm);
+    __m512i iacc[R][PC];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < PC; ++c) iacc[r][c] = _mm512_setzero_si512();
+    if constexpr (BITS == 8) {
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) step8<R, PC>(wp + 64 * t, w.ld, xq + 4 * t, x.ld, iacc);
+    } else {
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t)
+        nibble_step<R, PC, 4, false>(wp + 64 * t, nullptr, w.ld, xq + 8 * t, x.ld, _mm512_setzero_si512(),
+                                     iacc);
+    }
+    block_update<R, PC, HZ, HM>(x, r0, g, iacc, vs, vz, vm, facc);
+  }
+  store_tile<R, PC>(w, bias, y, ldy, p, r0, facc);
+}
+
 // R activation rows x PC panels. Integer sums inside a block are exact, so only the per-block
 // float updates have an order, and it is fixed by (k, group, block). pf0 .. pf1: the panels to
 // prefetch (see qkernels_panel_prefetch.h).
 template <int R, int PC, int BITS, bool HZ, bool HM, int HS, bool CB>
 FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const float* bias, float* y,
                           int64_t ldy, int64_t p, int64_t r0, int64_t pf0 = 0, int64_t pf1 = 0) {
+  if constexpr ((BITS == 4 || BITS == 8) && !CB && !is_sub_scale_mode(HS)) {
+    if (w.group == 32 && w.cols % 32 == 0)
+      return panel_tile_g32<R, PC, BITS, HZ, HM, HS>(x, w, bias, y, ldy, p, r0, pf0, pf1);
+  }
   const int64_t k = w.cols, G = w.group, ng = w.ngroups();
   const int B = xq_block(w);
   // B is 32 or 16 (xq_block): a shift, not the 64-bit idiv b0 / B compiled to once per block.
   const int bshift = B == 32 ? 5 : 4;
   const int64_t gbytes = G * 2 * BITS;  // bytes of a full group in a panel (see qkernels.h)
   constexpr int64_t SC = panel_step_cols(BITS), PB = panel_plane_bytes(BITS);
-  const __m512i lo4 = _mm512_set1_epi8(0x0f);
+  const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
   // The codebook in every 128-bit lane: vpshufb turns a vector of indices into their u8 values.
   const __m512i cb = CB ? _mm512_broadcast_i32x4(
                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)))
@@ -102,71 +225,18 @@ FV_INLINE void panel_tile(const QuantizedRows& x, const QuantMatrix& w, const fl
         }
       } else if constexpr (BITS == 8) {
         const int steps = static_cast<int>((blen + 3) / 4);
-        for (int t = 0; t < steps; ++t) {
-          __m512i xv[R];
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) xv[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 4 * t);
-#pragma GCC unroll 4
-          for (int c = 0; c < PC; ++c) {
-            const __m512i wv = _mm512_loadu_si512(static_cast<const uint8_t*>(w.data) + (p + c) * w.ld +
-                                                  boff + 64 * t);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wv, xv[r]);
-          }
-        }
+        for (int t = 0; t < steps; ++t)
+          step8<R, PC>(wbase + p * w.ld + boff + 64 * t, w.ld, x.q + r0 * x.ld + b0 + 4 * t, x.ld, iacc);
       } else {
         const int steps = static_cast<int>((blen + 7) / 8);
-        for (int t = 0; t < steps; ++t) {
-          __m512i xl[R], xh[R];
-#pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            xl[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t);
-            xh[r] = bcast4(x.q + (r0 + r) * x.ld + b0 + 8 * t + 4);
-          }
-#pragma GCC unroll 4
-          for (int c = 0; c < PC; ++c) {
-            const uint8_t* wp = static_cast<const uint8_t*>(w.data) + (p + c) * w.ld;
-            const __m512i wb = _mm512_loadu_si512(wp + boff + 64 * t);
-            __m512i wl = _mm512_and_si512(wb, lo4);
-            __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);
-            if constexpr (BITS == 5 || BITS == 6) add_planes<BITS>(wp + poff + PB * t, &wl, &wh);
-            if constexpr (CB) {
-              wl = _mm512_shuffle_epi8(cb, wl);
-              wh = _mm512_shuffle_epi8(cb, wh);
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) {
-              iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wl, xl[r]);
-              iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], wh, xh[r]);
-            }
-          }
-        }
+        for (int t = 0; t < steps; ++t)
+          nibble_step<R, PC, BITS, CB>(wbase + p * w.ld + boff + 64 * t, wbase + p * w.ld + poff + PB * t,
+                                       w.ld, x.q + r0 * x.ld + b0 + 8 * t, x.ld, cb, iacc);
       }
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const float d = x.d[(r0 + r) * x.nblocks + bi];
-        const float sx = static_cast<float>(x.s[(r0 + r) * x.nblocks + bi]);
-        const __m512 vd = _mm512_set1_ps(d), vsx = _mm512_set1_ps(sx), vdsx = _mm512_set1_ps(d * sx);
-#pragma GCC unroll 4
-        for (int c = 0; c < PC; ++c) {
-          __m512 t = _mm512_cvtepi32_ps(iacc[r][c]);
-          if constexpr (HZ) t = _mm512_sub_ps(t, _mm512_mul_ps(vz[c], vsx));  // exact: integers < 2^24
-          facc[r][c] = _mm512_fmadd_ps(t, _mm512_mul_ps(vs[c], vd), facc[r][c]);
-          if constexpr (HM) facc[r][c] = _mm512_fmadd_ps(vm[c], vdsx, facc[r][c]);
-        }
-      }
+      block_update<R, PC, HZ, HM>(x, r0, bi, iacc, vs, vz, vm, facc);
     }
   }
-#pragma GCC unroll 4
-  for (int c = 0; c < PC; ++c) {
-    const int64_t j = (p + c) * 16;
-    const int n = static_cast<int>(min64(16, w.rows - j));
-    const __mmask16 mk = static_cast<__mmask16>((1u << n) - 1u);
-    const __m512 vb = bias ? _mm512_maskz_loadu_ps(mk, bias + j) : _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-      _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j, mk, _mm512_add_ps(facc[r][c], vb));
-  }
+  store_tile<R, PC>(w, bias, y, ldy, p, r0, facc);
 }
 
 template <int RR, int PC, int BITS, bool HZ, bool HM, int HS, bool CB>

@@ -243,10 +243,15 @@ void CpuBackend::run_panels(const QuantizedRows& xq, const QuantMatrix* const* p
     bytes += panels * parts[i]->ld;
   }
   first_unit[n_parts] = units;
-  const int64_t chunks = std::min(units, linear_chunks(m, rows, k, bytes, row_blocks));
+  int64_t chunks = linear_chunks(m, rows, k, bytes, row_blocks);
+  // Prefill: column chunks of at most kPanelChunkBytes of weights, and tasks in column-major
+  // order, so a chunk is read from L3 once and stays in L2 while its row blocks sweep it
+  // (rather than every 64 rows re-reading the whole matrix).
+  if (m > 1) chunks = std::max(chunks, ceil_div(bytes, kPanelChunkBytes));
+  chunks = std::min(units, chunks);
   const LinearPanelFn fn = amx ? amx_panel_fn_ : panel_fn_;
   pool_.parallel_for(row_blocks * chunks, [&](int64_t t, int) {
-    const int64_t rb = t / chunks, cb = t % chunks;
+    const int64_t rb = t % row_blocks, cb = t / row_blocks;
     const int64_t r0 = rb * row_block, r1 = std::min(m, r0 + row_block);
     const int64_t u0 = units * cb / chunks, u1 = units * (cb + 1) / chunks;
     QuantizedRows part = xq;

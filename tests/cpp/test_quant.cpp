@@ -623,8 +623,13 @@ TEST_P(PanelKernels, BackendLinearMatchesInt8Reference) {
 TEST_P(PanelKernels, BackendLinearIsBatchAndThreadInvariant) {
   auto be1 = cpu::make_cpu_backend(GetParam(), 1);
   auto be2 = cpu::make_cpu_backend(GetParam(), 2);
-  for (const Spec& s : {Spec{4, 32, false, true, false}, Spec{8, 16, true, false, false}}) {
-    const int64_t m = 300, n = 301, k = 576;  // 300: AMX row blocks of 128 and a tail
+  // The 8-bit 32-group matrix (346 KiB) is more than one prefill chunk of weights
+  // (kPanelChunkBytes), so even one thread splits it into column chunks.
+  const std::pair<Spec, int64_t> cases[] = {{Spec{4, 32, false, true, false}, 301},
+                                            {Spec{8, 16, true, false, false}, 301},
+                                            {Spec{8, 32, true, false, false}, 601}};
+  for (const auto& [s, n] : cases) {
+    const int64_t m = 300, k = 576;  // 300: AMX row blocks of 128 and a tail
     const QuantTensor t = random_quant(n, k, s, 7);
     const Packed p = pack_panel(t);
     const std::vector<float> x = randn(m * k, 8);

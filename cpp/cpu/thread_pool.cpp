@@ -36,7 +36,14 @@ bool is_main_thread() { return static_cast<pid_t>(syscall(SYS_gettid)) == getpid
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
   workers_.reserve(num_threads_ - 1);
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 1; i < num_threads_; ++i) {
+    workers_.emplace_back([this, i] { worker_loop(i); });
+    // "fantai-cpu-N" in top -H and /proc/<pid>/task/*/comm (15 characters at most). Named here,
+    // not by the worker itself: on a loaded machine a new thread may not run for a while, and
+    // until it does it would carry its creator's name.
+    pthread_setname_np(workers_.back().native_handle(),
+                       ("fantai-cpu-" + std::to_string(i)).substr(0, 15).c_str());
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -85,8 +92,6 @@ void ThreadPool::pin_caller() {
 }
 
 void ThreadPool::worker_loop(int index) {
-  // "fantai-cpu-N" in top -H and /proc/<pid>/task/*/comm (15 characters at most).
-  pthread_setname_np(pthread_self(), ("fantai-cpu-" + std::to_string(index)).substr(0, 15).c_str());
   uint64_t seen = 0;
   for (;;) {
     const auto spin_until = std::chrono::steady_clock::now() + kSpin;

@@ -17,6 +17,13 @@ class CountingProvider : public TokenMaskProvider {
   void fill(const std::vector<MaskRow>& rows, uint32_t* masks, int32_t words) override {
     thread = std::this_thread::get_id();
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    // Held until the test lets go: a fill that ran inside begin() would wait out the 10 s.
+    if (hold) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!released.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      held_to_the_end = !released.load();
+    }
     if (fail) throw std::runtime_error("grammar broke");
     for (size_t i = 0; i < rows.size(); ++i) {
       const int32_t t = static_cast<int32_t>(rows[i].request_id) + rows[i].num_fed +
@@ -29,11 +36,14 @@ class CountingProvider : public TokenMaskProvider {
   std::atomic<int> calls{0};
   int delay_ms = 0;
   bool fail = false;
+  bool hold = false;
+  std::atomic<bool> released{false};
+  bool held_to_the_end = false;
 };
 
 TEST(GrammarHook, FillsMasksOnItsOwnThread) {
   auto provider = std::make_shared<CountingProvider>();
-  provider->delay_ms = 20;
+  provider->hold = true;
   GrammarHook hook(provider, 70);  // 3 words
   EXPECT_EQ(hook.words(), 3);
   std::vector<MaskRow> rows(2);
@@ -41,11 +51,12 @@ TEST(GrammarHook, FillsMasksOnItsOwnThread) {
   rows[1].request_id = 40;
   rows[1].num_fed = 20;
   rows[1].new_tokens = {1, 2};
-  const auto t0 = std::chrono::steady_clock::now();
   hook.begin(rows);
-  // begin() returns before the provider finishes: the forward pass overlaps it.
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(15));
+  // begin() returns before the provider finishes (the forward pass overlaps it): the provider
+  // is still held here. Not a time bound, which a loaded machine (CI under ASan) can miss.
+  provider->released = true;
   const uint32_t* masks = hook.wait();
+  EXPECT_FALSE(provider->held_to_the_end);
   EXPECT_NE(provider->thread, std::this_thread::get_id());
   EXPECT_EQ(masks[0], 1u << 3);
   EXPECT_EQ(masks[1], 0u);

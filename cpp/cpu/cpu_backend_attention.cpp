@@ -76,6 +76,9 @@ void CpuBackend::build_attention_plan(const KVLayout& L, const AttentionParams& 
   plan->num_q_heads = num_q_heads;
   plan->items.clear();
   plan->first_row.clear();
+  plan->split_of.clear();
+  plan->splits.clear();
+  plan->partial_floats = 0;
   const int group = num_q_heads / L.num_kv_heads;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int q0 = p.cu_seqlens_q[s], qlen = p.cu_seqlens_q[s + 1] - q0, ctx = p.context_lens[s];
@@ -108,8 +111,70 @@ void CpuBackend::build_attention_plan(const KVLayout& L, const AttentionParams& 
         it.softcap = p.logit_softcap;
         plan->items.push_back(it);
         plan->first_row.push_back(q0 + t0);
+        plan->split_of.push_back(-1);
       }
   }
+  split_rows(plan);
+}
+
+bool CpuBackend::amx_attention(const KVLayout& L) const {
+  return amx_ && L.dtype == DType::kBF16 && amx_attention_supported(L.head_dim, L.block_size);
+}
+
+// Too few items for the threads (one sequence's decode has an item per KV head: 3 for SmolLM2,
+// so on 2 threads one does two thirds of the work and on 16 threads 13 wait): decode rows whose
+// keys span several partitions are cut into runs of partitions, each an item that writes its
+// partitions' states, folded per (row, head) afterwards by attention_merge in the order one item
+// folds them: the same bits (kernels.h). Splitting the heads of a group instead would read each
+// K and V block once per part: twice the traffic for a row that streams them from memory. Not
+// for the AMX kernel, which visits a row's keys in one pass.
+void CpuBackend::split_rows(AttnPlan* plan) const {
+  const int64_t n = static_cast<int64_t>(plan->items.size()), want = 2 * static_cast<int64_t>(pool_.size());
+  if (pool_.size() < 2 || n == 0 || n >= want || amx_attention(plan->layout)) return;
+  const KVLayout& L = plan->layout;
+  const int pb = attn_partition_blocks(L.block_size), sf = attn_state_floats(L.head_dim);
+  const int64_t cuts = ceil_div(want, n);
+  plan->spare_items.clear();
+  plan->spare_rows.clear();
+  plan->spare_split.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const AttnItem& it = plan->items[i];
+    const int64_t row = plan->first_row[i];
+    // The kernel's block range for the row: from its window's first block to its own.
+    const int w0 = it.window > 0 && it.first_pos - it.window + 1 > 0 ? (it.first_pos - it.window + 1) : 0;
+    const int p0 = w0 / L.block_size / pb, p1 = it.first_pos / L.block_size / pb + 1;
+    const int nparts = p1 - p0;
+    if (it.num_q != 1 || nparts < 2) {
+      plan->spare_items.push_back(it);
+      plan->spare_rows.push_back(row);
+      plan->spare_split.push_back(-1);
+      continue;
+    }
+    const int runs = static_cast<int>(std::min<int64_t>(nparts, cuts));
+    AttnPlan::Split sp;
+    sp.parts = plan->partial_floats;
+    sp.head_stride = static_cast<int64_t>(nparts) * sf;
+    sp.out = row * it.out_stride + static_cast<int64_t>(it.kv_head) * it.group * it.head_dim;
+    sp.nparts = nparts;
+    sp.heads = it.group;
+    sp.runs = runs;
+    plan->partial_floats += it.group * sp.head_stride;
+    const int32_t sid = static_cast<int32_t>(plan->splits.size());
+    plan->splits.push_back(sp);
+    for (int r = 0; r < runs; ++r) {
+      AttnItem part = it;
+      part.part_begin = p0 + r * nparts / runs;
+      part.part_end = p0 + (r + 1) * nparts / runs;
+      part.partial_head_stride = sp.head_stride;
+      part.partial_part0 = p0;
+      plan->spare_items.push_back(part);
+      plan->spare_rows.push_back(row);
+      plan->spare_split.push_back(sid);
+    }
+  }
+  plan->items.swap(plan->spare_items);
+  plan->first_row.swap(plan->spare_rows);
+  plan->split_of.swap(plan->spare_split);
 }
 
 void CpuBackend::plan_attention(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads) {
@@ -153,7 +218,7 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
                                                 : nullptr;
   // bf16 KV with AMX: tile kernel for every item of the call (and of every call: the choice
   // depends only on the layout).
-  const bool amx_attn = amx_ && L.dtype == DType::kBF16 && amx_attention_supported(hd, L.block_size);
+  const bool amx_attn = amx_attention(L);
   const int64_t need = amx_attn ? amx_attn_scratch_floats(hd)
                                 : attn_scratch_floats(kAttnQTile, group, hd, L.block_size);
   // Per-thread scratch (a few KiB per thread), grow-only: the step thread is the only caller, and
@@ -162,6 +227,15 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
   const size_t total = static_cast<size_t>(per * pool_.size() + 16);
   if (attn_scratch_.size() < total) attn_scratch_.resize(total);
   float* const scratch = attn_scratch_.data();
+  if (attn_partial_.size() < static_cast<size_t>(plan.partial_floats))
+    attn_partial_.resize(plan.partial_floats);
+  float* const partial = attn_partial_.data();
+  const size_t nsplits = plan.splits.size();
+  if (attn_done_size_ < nsplits) {
+    attn_done_.reset(new std::atomic<int32_t>[nsplits]);
+    attn_done_size_ = nsplits;
+  }
+  for (size_t i = 0; i < nsplits; ++i) attn_done_[i].store(0, std::memory_order_relaxed);
   const auto fn = amx_attn ? (bf16_act_ ? amx_attention_bf16_act : amx_attention_bf16) : k_.attention;
   // Causal work grows with a tile's position: hand out the last tiles first (longest first), so
   // the pool does not end on one thread finishing a long tile while the others wait.
@@ -178,10 +252,20 @@ void CpuBackend::attention(const float* q, int64_t q_stride, const void* k_cache
     it.k_scales = k_scales;
     it.v_scales = v_scales;
     it.scale = scale;
+    const int32_t sid = plan.split_of[i];
+    it.partial = sid >= 0 ? partial + plan.splits[sid].parts : nullptr;
     // 64-byte align each thread's scratch (vector<float> only promises 16).
     float* base = scratch + per * tid;
     const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + 63) & ~uintptr_t{63};
     fn(it, reinterpret_cast<float*>(a));
+    // A split's last item folds its partitions (acq_rel: it sees the others' states), in the
+    // same order whichever thread that is.
+    if (sid >= 0) {
+      const AttnPlan::Split& sp = plan.splits[sid];
+      if (attn_done_[sid].fetch_add(1, std::memory_order_acq_rel) + 1 == sp.runs)
+        for (int h = 0; h < sp.heads; ++h)
+          k_.attention_merge(partial + sp.parts + h * sp.head_stride, sp.nparts, hd, out + sp.out + h * hd);
+    }
   });
 }
 

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -120,14 +122,33 @@ class CpuBackend final : public Backend {
     int32_t num_q_heads = 0;
     std::vector<AttnItem> items;     // without the per-layer pointers
     std::vector<int64_t> first_row;  // each item's first query row
+    // Decode rows split over key partitions (split_rows): one Split per (row, KV head), its
+    // items' index in splits (-1: a whole item). The split's last item to finish folds it.
+    struct Split {
+      int64_t parts;        // head 0's first partition state, in floats into attn_partial_
+      int64_t head_stride;  // floats from one head's states to the next's
+      int64_t out;          // head 0's output, in floats from the call's out
+      int32_t nparts, heads, runs;
+    };
+    std::vector<int32_t> split_of;
+    std::vector<Split> splits;
+    int64_t partial_floats = 0;
+    std::vector<AttnItem> spare_items;  // split_rows' rebuild, swapped in (keeps both capacities)
+    std::vector<int64_t> spare_rows;
+    std::vector<int32_t> spare_split;
   };
   void build_attention_plan(const KVLayout& L, const AttentionParams& p, int32_t num_q_heads,
                             AttnPlan* plan) const;
+  void split_rows(AttnPlan* plan) const;
+  bool amx_attention(const KVLayout& L) const;
   // One plan per attention kind of the step (full, each window: their block tables differ);
   // grow-only, the first num_plans_ active.
   std::vector<AttnPlan> plans_;
   size_t num_plans_ = 0;
   std::vector<float> attn_scratch_;  // attention()'s per-thread scratch; the step thread is the only caller
+  std::vector<float> attn_partial_;  // split rows' partition states (grow-only, as attn_scratch_)
+  std::unique_ptr<std::atomic<int32_t>[]> attn_done_;  // per split: its items finished (grow-only)
+  size_t attn_done_size_ = 0;
 
   // How many column chunks a linear of m x n x k (weight_bytes of weights, row_blocks row blocks)
   // is cut into. Prefill: about 4 tasks a thread (dynamic balance). Decode streams the weights

@@ -37,13 +37,34 @@ struct AttnItem {
   // blocks before the first row's window are never read (their table entries may be -1).
   int32_t window = 0;
   float softcap = 0.f;  // > 0: score = softcap * tanh(score / softcap), after the scale
+  // A part of one row's keys (num_q 1; set by the backend when one sequence's decode has too few
+  // items for its threads): only key partitions [part_begin, part_end) are visited, and each
+  // partition's state is written, unmerged, to the attn_state_floats(head_dim) floats at
+  // partial + h * partial_head_stride + (p - partial_part0) * attn_state_floats(head_dim) for
+  // head h of the item; attention_merge then folds a row's partitions in order. nullptr: all keys.
+  float* partial = nullptr;
+  int64_t partial_head_stride = 0;
+  int32_t partial_part0 = 0;
+  int32_t part_begin = 0, part_end = 0;
 };
+
+// A row's keys are visited in partitions of this many keys (rounded down to whole blocks, at least
+// one): each from a fresh online-softmax state, the states then folded in partition order. The
+// partition is a function of the block size alone, so a row's bits are the same whether its
+// partitions run in one item or are spread over threads.
+constexpr int32_t kAttnPartitionKeys = 256;
+inline int32_t attn_partition_blocks(int32_t block_size) {
+  return block_size >= kAttnPartitionKeys ? 1 : kAttnPartitionKeys / block_size;
+}
+// One partition's state: max, sum, then head_dim unnormalised outputs.
+inline int32_t attn_state_floats(int32_t head_dim) { return head_dim + 2; }
 
 // Floats of scratch attention() needs for one item.
 inline int64_t attn_scratch_floats(int32_t num_q, int32_t group, int32_t head_dim, int32_t block_size) {
   // Per (row, head): head_dim outputs + max + sum + one block's scores (padded to 16 lanes, plus
-  // 16 of slack) + the block's softmax correction; then one block of K and of V in f32.
-  return static_cast<int64_t>(num_q) * group * (head_dim + 3 + block_size + 32) +
+  // 16 of slack) + the block's softmax correction + the folded state of past partitions (head_dim
+  // + 2); then one block of K and of V in f32.
+  return static_cast<int64_t>(num_q) * group * (2 * head_dim + 5 + block_size + 32) +
          2 * static_cast<int64_t>(block_size) * head_dim + 64;
 }
 
@@ -69,6 +90,9 @@ struct KernelTable {
   void (*to_f32)(const void* src, DType st, float* dst, int64_t n);
   // scratch: attn_scratch_floats(...) floats, 64-byte aligned.
   void (*attention)(const AttnItem& item, float* scratch);
+  // One (row, head) of split items: its nparts partition states (attn_state_floats apart, in
+  // partition order) folded in order and normalised into out[0, head_dim).
+  void (*attention_merge)(const float* parts, int32_t nparts, int32_t head_dim, float* out);
   // The sampler's row reductions (row_reduce.h).
   MaxSumExp (*max_sum_exp)(const float* l, int32_t n);
   int32_t (*argmax)(const float* l, int32_t n);

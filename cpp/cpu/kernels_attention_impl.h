@@ -7,7 +7,10 @@
 // Per (query, head) row and KV block, in block order: scores s_j = (q . k_j) * scale (one W-lane
 // FMA chain over head_dim, then VT::hsum), m' = max(m, max_j s_j), p_j = exp(s_j - m'), l =
 // l*exp(m - m') + sum_j p_j (lanes summed in chunk order, then VT::hsum), o = o*exp(m - m') +
-// sum_j p_j v_j (keys in order, one FMA per key and lane).
+// sum_j p_j v_j (keys in order, one FMA per key and lane). That runs per key partition
+// (kAttnPartitionKeys, kernels.h) from m = -inf, l = 0, o = 0; the partitions' states are folded
+// in order by merge_state, inside the item or, for a decode row split over items, by
+// attention_merge after the last of them.
 // How that runs: a block's scores for all rows of the item (query rows x group heads) come from
 // register tiles of rows x keys, whose chains are reduced W at a time by VT::hsum_w (bit-identical
 // to W hsums); the output update streams V through tiles of rows that see the same keys. Each
@@ -252,24 +255,69 @@ FT_INLINE void rows_to_f32(const void* c, int64_t base, int64_t n, float* dst) {
     VT::store_n(dst + nv, loadw_n<DT>(c, base + nv, static_cast<int>(n - nv)), static_cast<int>(n - nv));
 }
 
+// Key partitions (kernels.h): blocks per partition, and one partition state's floats. Local
+// copies of kernels.h's helpers: no inline function shared across the ISA files (see
+// kernels_impl.h).
+FT_INLINE int part_blocks(int bs) { return bs >= kAttnPartitionKeys ? 1 : kAttnPartitionKeys / bs; }
+FT_INLINE int state_floats(int hd) { return hd + 2; }
+
+// Folds one partition's state of a row (max m, sum s, unnormalised outputs o) into the row's
+// running one (gm, gs, go): with M = max(gm, m), a = exp(gm - M), b = exp(m - M): gs = gs a + s b,
+// go = go a + o b. An empty state (max -inf: the row saw no key there) is skipped; into an empty
+// running state it is copied. The one code path for both the in-item fold and attention_merge,
+// so a row's bits do not depend on which of them ran.
+FT_INLINE void merge_state(float* gm, float* gs, float* go, float m, float s, const float* o, int hd) {
+  const float ninf = -__builtin_inff();
+  if (m == ninf) return;
+  if (*gm == ninf) {
+    *gm = m;
+    *gs = s;
+    for (int d = 0; d < hd; ++d) go[d] = o[d];
+    return;
+  }
+  const float mn = fmax_(*gm, m);
+  alignas(64) float x[W], e[W];
+  for (int i = 0; i < W; ++i) x[i] = 0.f;
+  x[0] = *gm - mn;
+  x[1] = m - mn;
+  VT::store(e, VT::exp(VT::load(x)));
+  const V va = VT::set1(e[0]), vb = VT::set1(e[1]);
+  VT::store(x, VT::fma(VT::set1(*gs), va, VT::mul(VT::set1(s), vb)));
+  *gs = x[0];
+  *gm = mn;
+  const int dv = hd - hd % W;
+  for (int d = 0; d < dv; d += W)
+    VT::store(go + d, VT::fma(VT::load(go + d), va, VT::mul(VT::load(o + d), vb)));
+  if (dv < hd) {
+    const int n = hd - dv;
+    VT::store_n(go + dv, VT::fma(VT::load_n(go + dv, n), va, VT::mul(VT::load_n(o + dv, n), vb)), n);
+  }
+}
+
 template <int DT>
 void attention_t(const AttnItem& a, float* scratch) {
   constexpr int RQ = VT::kAttnQkRows, RP = VT::kAttnRows;
   const int G = a.group, hd = a.head_dim, bs = a.block_size, nq = a.num_q;
   const int nh = nq * G;
-  const int bsp = (bs + W - 1) / W * W + W;         // score row: bs rounded up to W, plus a tile's overhang
-  float* acc = scratch;                             // [nh, hd] unnormalised outputs
-  float* mx = acc + static_cast<int64_t>(nh) * hd;  // [nh] running max
-  float* sum = mx + nh;                             // [nh] running denominator
-  float* sc = sum + nh;                             // [nh, bsp] one block's scores
-  float* kf = sc + static_cast<int64_t>(nh) * bsp;  // [bs, hd] the block's K in f32
-  float* vf = kf + static_cast<int64_t>(bs) * hd;   // [bs, hd] and V
-  float* cr = vf + static_cast<int64_t>(bs) * hd;   // [nh] this block's softmax correction
-  for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) acc[i] = 0.f;
-  for (int i = 0; i < nh; ++i) {
-    mx[i] = -__builtin_inff();
-    sum[i] = 0.f;
-  }
+  const int bsp = (bs + W - 1) / W * W + W;           // score row: bs rounded up to W, plus a tile's overhang
+  float* acc = scratch;                               // [nh, hd] unnormalised outputs
+  float* mx = acc + static_cast<int64_t>(nh) * hd;    // [nh] running max
+  float* sum = mx + nh;                               // [nh] running denominator
+  float* sc = sum + nh;                               // [nh, bsp] one block's scores
+  float* kf = sc + static_cast<int64_t>(nh) * bsp;    // [bs, hd] the block's K in f32
+  float* vf = kf + static_cast<int64_t>(bs) * hd;     // [bs, hd] and V
+  float* cr = vf + static_cast<int64_t>(bs) * hd;     // [nh] this block's softmax correction
+  float* gacc = cr + nh;                              // [nh, hd] past partitions folded (many only)
+  float* gmx = gacc + static_cast<int64_t>(nh) * hd;  // [nh]
+  float* gsum = gmx + nh;                             // [nh]
+  auto reset = [&](float* o, float* m, float* l) {
+    for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) o[i] = 0.f;
+    for (int i = 0; i < nh; ++i) {
+      m[i] = -__builtin_inff();
+      l[i] = 0.f;
+    }
+  };
+  reset(acc, mx, sum);
 
   // Row r = query i * G + head h: its q, output and score row.
   auto q_of = [&](int r) {
@@ -279,7 +327,31 @@ void attention_t(const AttnItem& a, float* scratch) {
   const int nblocks = last_pos / bs + 1;
   const int win = a.window;
   // The first block row 0's window reaches; no row of the item reads an earlier one.
-  const int b_first = win > 0 && a.first_pos - win + 1 > 0 ? (a.first_pos - win + 1) / bs : 0;
+  const int b_window = win > 0 && a.first_pos - win + 1 > 0 ? (a.first_pos - win + 1) / bs : 0;
+  // The blocks this item visits: all from there, or a split item's partitions.
+  const int pb = part_blocks(bs);
+  const bool split = a.partial != nullptr;
+  const int b_first = split ? imax_(b_window, a.part_begin * pb) : b_window;
+  const int b_end = split ? imin_(nblocks, a.part_end * pb) : nblocks;
+  const bool one_part = !split && b_first / pb == (b_end - 1) / pb;
+  if (!split && !one_part) reset(gacc, gmx, gsum);
+  // Partition p done: its states to the split item's slots, or folded into the running ones;
+  // then a fresh state for the next.
+  auto end_partition = [&](int p) {
+    for (int r = 0; r < nh; ++r) {
+      float* o = acc + static_cast<int64_t>(r) * hd;
+      if (split) {
+        float* slot = a.partial + r * a.partial_head_stride +
+                      static_cast<int64_t>(p - a.partial_part0) * state_floats(hd);
+        slot[0] = mx[r];
+        slot[1] = sum[r];
+        for (int d = 0; d < hd; ++d) slot[2 + d] = o[d];
+      } else {
+        merge_state(gmx + r, gsum + r, gacc + static_cast<int64_t>(r) * hd, mx[r], sum[r], o, hd);
+      }
+    }
+    reset(acc, mx, sum);
+  };
   const int64_t head_elems = static_cast<int64_t>(bs) * hd;
   constexpr int kEs = elem_bytes<DT>();
   const int head_bytes = static_cast<int>(head_elems) * kEs;
@@ -288,7 +360,7 @@ void attention_t(const AttnItem& a, float* scratch) {
   };
   auto prefetch_block = [&](int b) {
     Prefetch pf;
-    if (b < nblocks) {
+    if (b < b_end) {
       const int64_t off = block_base(b) * kEs;
       pf.k = static_cast<const char*>(a.k_cache) + off;
       pf.v = static_cast<const char*>(a.v_cache) + off;
@@ -303,7 +375,8 @@ void attention_t(const AttnItem& a, float* scratch) {
   float* srow[kRowPtrs];
   float* os[RP];
   const float* ps[RP];
-  for (int b = b_first; b < nblocks; ++b) {
+  for (int b = b_first; b < b_end; ++b) {
+    if (!one_part && b > b_first && b % pb == 0) end_partition(b / pb - 1);
     const int64_t base = block_base(b);
     const int start = b * bs;
     // int8: this (block, head)'s bs scales, contiguous.
@@ -383,14 +456,28 @@ void attention_t(const AttnItem& a, float* scratch) {
       r += rows;
     }
   }
+  if (!one_part) end_partition((b_end - 1) / pb);
+  if (split) return;
+  // One partition: its state is the row's (folding it into an empty one would copy it).
+  const float* l = one_part ? sum : gsum;
+  const float* out = one_part ? acc : gacc;
   for (int i = 0; i < nq; ++i)
     for (int h = 0; h < G; ++h) {
       const int sh = i * G + h;
-      const float inv = 1.0f / sum[sh];
-      const float* o = acc + static_cast<int64_t>(sh) * hd;
+      const float inv = 1.0f / l[sh];
+      const float* o = out + static_cast<int64_t>(sh) * hd;
       float* dst = a.out + i * a.out_stride + static_cast<int64_t>(a.kv_head * G + h) * hd;
       for (int d = 0; d < hd; ++d) dst[d] = o[d] * inv;
     }
+}
+
+void attention_merge(const float* parts, int32_t nparts, int32_t head_dim, float* out) {
+  const int hd = head_dim, sf = state_floats(hd);
+  float m = -__builtin_inff(), l = 0.f;
+  for (int p = 0; p < nparts; ++p)
+    merge_state(&m, &l, out, parts[p * sf], parts[p * sf + 1], parts + p * sf + 2, hd);
+  const float inv = 1.0f / l;
+  for (int d = 0; d < hd; ++d) out[d] = out[d] * inv;
 }
 
 void attention(const AttnItem& a, float* scratch) {

@@ -12,8 +12,10 @@
 //  - linear: one W-lane accumulator per y element, k visited in W steps (+ one masked tail),
 //    then VT::hsum. Tiles of R rows x C weight rows only change how many such chains run side by
 //    side, not any chain.
-//  - attention: per (query, head) the KV blocks are visited in order with an online softmax;
-//    a block's scores, exps, sum and V update do not depend on other queries in the tile.
+//  - attention: per (query, head) the KV blocks are visited in order with an online softmax,
+//    from a fresh state at each key partition (kernels.h), the partitions' states folded in
+//    order; a block's scores, exps, sum and V update do not depend on other queries in the tile,
+//    nor a fold on which item or thread ran a partition.
 
 #ifndef FANTAI_KERNELS_IMPL_BODY
 #define FANTAI_KERNELS_IMPL_BODY
@@ -64,8 +66,8 @@ void hsum_both(const float* x, float* tree, float* each) {
   for (int i = 0; i < W; ++i) each[i] = VT::hsum(a[i]);
 }
 
-const KernelTable kTable = {VT::kName,       linear,        rms_norm, add_rms_norm, rope,
-                            silu_mul,        gelu_tanh_mul, add,      to_f32,       attention,
-                            row_max_sum_exp, row_argmax,    W,        hsum_both};
+const KernelTable kTable = {
+    VT::kName, linear,    rms_norm,        add_rms_norm,    rope,       silu_mul, gelu_tanh_mul, add,
+    to_f32,    attention, attention_merge, row_max_sum_exp, row_argmax, W,        hsum_both};
 
 #undef FT_INLINE

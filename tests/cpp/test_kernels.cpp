@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -810,6 +812,90 @@ TEST_P(Kernels, AttentionWindowBatchInvariant) {
               << "chunk at " << split;
         }
       }
+}
+
+// Rows longer than a key partition (kernels.h): rows of prefill chunks, the same rows decoded alone
+// on one thread (one item folds their partitions) and on 2, 3 and 8 threads (their partitions
+// spread over items, some of several partitions, folded by attention_merge), and two sequences'
+// decodes in one call, are the same bits, with and without a window; the chunks within the f32
+// reference's bound.
+TEST_P(Kernels, AttentionLongRowsSplitOverThreads) {
+  const std::vector<int32_t> ctx = {700, 600};
+  struct Chunk {
+    int start, len;
+  };
+  // Around the first partition boundary (256 keys, or 255 / 252 for 5- and 6-row blocks) and at
+  // the end of sequence 0.
+  const Chunk chunks[] = {{242, 20}, {684, 16}};
+  for (DType precision : {DType::kF32, DType::kBF16}) {
+    if (precision == DType::kBF16 && !be(1, precision)->set_matmul_precision(precision)) break;
+    std::map<int, std::shared_ptr<Backend>> backends;  // by thread count (a pool each)
+    for (int threads : {1, 2, 3, 8}) backends[threads] = be(threads, precision);
+    for (const auto& c : attn_cases())
+      for (int window : {0, 300}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "hd=" << c.head_dim << " group=" << c.group << " kvh=" << c.num_kv_heads
+                     << " bs=" << c.block_size << " " << dtype_name(c.kv) << " window=" << window
+                     << " matmuls " << dtype_name(precision));
+        AttnFixture f(c, ctx, 93);
+        const int64_t q_stride = static_cast<int64_t>(f.nq_heads) * c.head_dim;
+        std::vector<float> q[2] = {randn(ctx[0] * q_stride, 94, 2.f), randn(ctx[1] * q_stride, 95, 2.f)};
+        const float scale = 0.125f;
+        // Queries of sequence s at positions pos (one sequence, or one row of each), ending there.
+        auto run = [&](int threads, std::vector<int32_t> seq, std::vector<int32_t> pos, int len,
+                       std::vector<float>* o, bool reference = false) {
+          std::vector<int32_t> ctx1, cu1 = {0}, tables;
+          std::vector<float> qs;
+          for (size_t i = 0; i < seq.size(); ++i) {
+            ctx1.push_back(pos[i] + 1);
+            cu1.push_back(cu1.back() + len);
+            const float* row = q[seq[i]].data() + (pos[i] + 1 - len) * q_stride;
+            qs.insert(qs.end(), row, row + len * q_stride);
+            tables.insert(tables.end(), f.tables.begin() + seq[i] * f.max_blocks,
+                          f.tables.begin() + (seq[i] + 1) * f.max_blocks);
+          }
+          AttentionParams p;
+          p.num_seqs = static_cast<int32_t>(seq.size());
+          p.num_tokens = cu1.back();
+          p.cu_seqlens_q = cu1.data();
+          p.context_lens = ctx1.data();
+          p.block_tables = tables.data();
+          p.max_blocks_per_seq = f.max_blocks;
+          p.window = window;
+          o->assign(p.num_tokens * q_stride, 0.f);
+          if (reference)
+            ref::attention(qs.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads, scale,
+                           o->data());
+          else
+            backends.at(threads)->attention(qs.data(), q_stride, f.kc.data(), f.vc.data(), f.L, p, f.nq_heads,
+                                            scale, o->data());
+        };
+        std::vector<float> o, want;
+        for (const Chunk ch : chunks) {
+          std::vector<float> full;
+          run(1, {0}, {ch.start + ch.len - 1}, ch.len, &full);
+          if (precision == DType::kF32) {
+            run(1, {0}, {ch.start + ch.len - 1}, ch.len, &want, true);
+            expect_close(full.data(), want.data(), full.size(), 2e-5f, 4e-6f, nullptr, "long rows");
+          }
+          for (int j : {ch.start, ch.start + 8, ch.start + 13, ch.start + 14, ch.start + ch.len - 1})
+            for (int threads : {1, 2, 3, 8}) {
+              run(threads, {0}, {j}, 1, &o);
+              ASSERT_TRUE(bitwise_equal(o.data(), full.data() + (j - ch.start) * q_stride, q_stride))
+                  << "row " << j << " on " << threads << " threads";
+            }
+        }
+        std::vector<float> alone[2];
+        run(1, {0}, {699}, 1, &alone[0]);
+        run(1, {1}, {599}, 1, &alone[1]);
+        for (int threads : {2, 8}) {
+          run(threads, {0, 1}, {699, 599}, 1, &o);
+          EXPECT_TRUE(bitwise_equal(o.data(), alone[0].data(), q_stride)) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(o.data() + q_stride, alone[1].data(), q_stride))
+              << "second sequence, " << threads << " threads";
+        }
+      }
+  }
 }
 
 // The planner still checks every block a windowed call reads, and only those.

@@ -602,8 +602,9 @@ void bench_attention(Backend& b, const char* label, int num_seqs, int q_len, int
   if (g_short) check_attention(name, b, q.data(), q_stride, kc[0].data(), vc[0].data(), L, p, nqh, 0.125f);
 }
 
-// Decode attention over the KV pool at the two shapes that matter (batch 64 x ctx ~600, batch 1 x
-// 4k), per KV dtype, hot and cold (rotating over pools totalling >= 256 MB).
+// Decode attention over the KV pool at the shapes that matter (batch 64 x ctx ~600; batch 1 x 256,
+// a chat turn, and x 4k, a long prompt: one sequence's rows split over the threads by key
+// partition), per KV dtype, hot and cold (rotating over pools totalling >= 256 MB).
 void bench_attention_dtypes(Backend& b) {
   const double dram = dram_bandwidth_gbs(b.num_threads());
   if (dram > 0) std::printf("probe %-38s %10.1f GB/s\n", "DRAM read bandwidth (512 MB)", dram);
@@ -612,7 +613,7 @@ void bench_attention_dtypes(Backend& b) {
   };
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8})  // cache resident (<= 1.5 MB): compute
     bench_attention(b, "decode ", 8, 1, 128, kv, 1, 0);
-  for (Shape sh : {Shape{64, 600}, Shape{1, 4096}}) {
+  for (Shape sh : {Shape{64, 600}, Shape{1, 256}, Shape{1, 4096}}) {
     for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) {
       const double pool = 2.0 * sh.seqs * sh.ctx * 3 * 64 * dtype_size(kv);
       const int copies = static_cast<int>(std::min(64.0, std::max(2.0, std::ceil(256e6 / pool))));
@@ -1295,7 +1296,9 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
-          "[--only probe|linear|qlinear|attention|attention-kv|step|qstep|kstep|kstep-cache|amx-decode|moe] "
+          "[--only "
+          "probe|linear|qlinear|attention|attention-kv|attention-one|step|qstep|kstep|kstep-cache|amx-decode|"
+          "moe] "
           "[--formats q3_k,q2_k,...] [--cpu-time] [--matmul-precision float32|bfloat16] [--qstep-layers N]\n",
           argv[0]);
       return 2;
@@ -1379,6 +1382,12 @@ int main(int argc, char** argv) {
   if (only == "attention-kv") bench_attention_dtypes(*b);
   if (only == "attention-kv-long") {  // one shape, for profiling: batch 1 x 4096, int8
     for (int i = 0; i < 10; ++i) bench_attention(*b, "decode ", 1, 1, 4096, DType::kI8);
+  }
+  if (only == "attention-one") {  // one sequence's decode (split over the threads by key partition)
+    for (int ctx : {256, 1024, 4096}) {
+      const int copies = static_cast<int>(std::max(2.0, std::ceil(256e6 / (2.0 * ctx * 3 * 64 * 2))));
+      bench_attention(*b, "decode ", 1, 1, ctx, DType::kBF16, std::min(copies, 256), 0);
+    }
   }
   if (only == "attention-decode") {  // one figure, for profiling
     for (int i = 0; i < 20; ++i) bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);

@@ -141,8 +141,8 @@ void CpuBackend::split_rows(AttnPlan* plan) const {
     const AttnItem& it = plan->items[i];
     const int64_t row = plan->first_row[i];
     // The kernel's block range for the row: from its window's first block to its own.
-    const int w0 = it.window > 0 && it.first_pos - it.window + 1 > 0 ? (it.first_pos - it.window + 1) : 0;
-    const int p0 = w0 / L.block_size / pb, p1 = it.first_pos / L.block_size / pb + 1;
+    const int p0 = first_visible_block(it.first_pos, it.window, L.block_size) / pb;
+    const int p1 = it.first_pos / L.block_size / pb + 1;
     const int nparts = p1 - p0;
     if (it.num_q != 1 || nparts < 2) {
       plan->spare_items.push_back(it);

@@ -87,6 +87,8 @@ std::vector<float> randn(size_t n, uint32_t seed) {
   return v;
 }
 
+bool g_amx_packs = false;  // the backend packs bf16 into AMX tiles (avx512, AMX usable, FANTAI_AMX)
+
 // --short: the probes' peaks, so each figure can be printed as a share of its roofline.
 bool g_short = false;
 double g_peak_gflops = 0;  // the widest f32 FMA probe
@@ -627,6 +629,9 @@ void bench_attention_dtypes(Backend& b) {
 // vocab 49152) written in backend ops exactly as model/transformer.cpp issues them, on random
 // weights: num_seqs sequences with q_len new tokens each at context ctx (decode: q_len 1; prefill:
 // one sequence of q_len == ctx). Prints the step's wall time, tokens/s, and the time per op kind.
+// The layer matrices are packed where the engine packs them off AMX (bf16 in the pair layout; the
+// tied lm_head stays row-major); AMX machines keep the row-major vector kernels here (amx-decode
+// and the linear amx lines time their tiles).
 struct StepShape {
   int num_seqs, q_len, ctx;
   const char* label;
@@ -638,20 +643,30 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
   const int64_t n = static_cast<int64_t>(sh.num_seqs) * sh.q_len;
   const int bs = 16, bps = (sh.ctx + bs - 1) / bs;
   const size_t es = dtype_size(wt);
-  auto mk = [&](int64_t rows, int64_t cols, uint32_t seed) {
+  const bool packed = !g_amx_packs && b.dense_packed_bytes(wt, H, H) > 0;
+  auto mk = [&](int64_t rows, int64_t cols, uint32_t seed, bool pack) {
     auto f = randn(rows * cols, seed);
     for (auto& v : f) v *= 0.05f;
     std::vector<uint8_t> w(f.size() * es);
     convert_from_f32(f.data(), w.data(), wt, f.size());
-    return w;
+    if (!pack) return w;
+    std::vector<uint8_t> p(b.dense_packed_bytes(wt, rows, cols));
+    b.pack_dense(w.data(), wt, rows, cols, p.data());
+    return p;
+  };
+  auto linear = [&](const float* x, const std::vector<uint8_t>& w, float* y, int64_t m, int64_t nn,
+                    int64_t k) {
+    if (packed) b.linear_packed(x, w.data(), wt, nullptr, y, m, nn, k);
+    else b.linear(x, w.data(), wt, nullptr, y, m, nn, k);
   };
   struct Layer {
     std::vector<uint8_t> qkv, o, gu, down;
   };
   std::vector<Layer> Ls(layers);
   for (int l = 0; l < layers; ++l)
-    Ls[l] = {mk(qkv_dim, H, 10 + l), mk(H, nh * hd, 100 + l), mk(2 * I, H, 200 + l), mk(H, I, 300 + l)};
-  auto lm = mk(V, H, 7);
+    Ls[l] = {mk(qkv_dim, H, 10 + l, packed), mk(H, nh * hd, 100 + l, packed), mk(2 * I, H, 200 + l, packed),
+             mk(H, I, 300 + l, packed)};
+  auto lm = mk(V, H, 7, false);
   auto norm_w = randn(H, 8);
   KVLayout L;
   L.num_blocks = sh.num_seqs * bps;
@@ -709,7 +724,7 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
     };
     for (int l = 0; l < layers; ++l) {
       const Layer& w = Ls[l];
-      b.linear(normed.data(), w.qkv.data(), wt, nullptr, qkv.data(), n, qkv_dim, H);
+      linear(normed.data(), w.qkv, qkv.data(), n, qkv_dim, H);
       tick(kQkv);
       b.rope(qkv.data(), qkv_dim, qkv.data() + nh * hd, qkv_dim, pos.data(), n, nh, nkv, hd, hd, cs.data());
       tick(kRope);
@@ -718,15 +733,15 @@ void bench_step(Backend& b, DType wt, StepShape sh, int layers = 30) {
       tick(kStore);
       b.attention(qkv.data(), qkv_dim, kc[l].data(), vc[l].data(), L, p, nh, 0.125f, attn.data());
       tick(kAttn);
-      b.linear(attn.data(), w.o.data(), wt, nullptr, proj.data(), n, H, nh * hd);
+      linear(attn.data(), w.o, proj.data(), n, H, nh * hd);
       tick(kO);
       b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f);
       tick(kNorm);
-      b.linear(normed.data(), w.gu.data(), wt, nullptr, gu.data(), n, 2 * I, H);
+      linear(normed.data(), w.gu, gu.data(), n, 2 * I, H);
       tick(kGu);
       b.silu_mul(gu.data(), act.data(), n, I);
       tick(kSilu);
-      b.linear(act.data(), w.down.data(), wt, nullptr, proj.data(), n, H, I);
+      linear(act.data(), w.down, proj.data(), n, H, I);
       tick(kDown);
       b.add_rms_norm(res.data(), proj.data(), norm_w.data(), normed.data(), n, H, 1e-5f);
       tick(kNorm);
@@ -1038,14 +1053,14 @@ double par_best(int T, int reps, const std::function<void(int)>& fn) {
   return best;
 }
 
-// The same bf16 linear packed by the backend (AMX tiles where usable: FANTAI_AMX=0 or no AMX
-// prints nothing), with its share of the tdpbf16ps peak of this many threads.
+// The same bf16 linear packed by the backend: AMX tiles where usable (with its share of the
+// tdpbf16ps peak of this many threads), else the vector kernels' pair layout ("linear pairs").
 bool g_bf16_matmuls = false;  // --matmul-precision bfloat16 took effect
 
 void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   if (b.dense_packed_bytes(DType::kBF16, n, k) == 0) return;
   static double peak = 0;  // GFLOP/s, measured once
-  if (peak == 0 && amx_usable()) {
+  if (peak == 0 && g_amx_packs) {
     const long iters = 500000;
     const double s = par_best(b.num_threads(), 3, [&](int) { amx_chain(iters, false); });
     peak = b.num_threads() * iters * 4.0 * 16 * 16 * 32 * 2 / s * 1e-9;
@@ -1063,10 +1078,14 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   const double us = time_us(
       [&] { b.linear_packed(x.data(), packed, DType::kBF16, nullptr, y.data(), m, n, k); });
   char name[96];
-  std::snprintf(name, sizeof(name), "linear amx   m=%-4lld n=%-6lld k=%lld", static_cast<long long>(m),
-                static_cast<long long>(n), static_cast<long long>(k));
+  std::snprintf(name, sizeof(name), "linear %-5s m=%-4lld n=%-6lld k=%lld", g_amx_packs ? "amx" : "pairs",
+                static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   const double flops = 2.0 * m * n * k;
   report(name, us, flops, static_cast<double>(bytes) + 4.0 * (m * k + m * n));
+  if (!g_amx_packs) {  // f32 products of the widened weights, as the row-major kernel's
+    if (g_short) check_linear(name, y.data(), x.data(), wh.data(), DType::kBF16, m, n, k);
+    return;
+  }
   // Each output needs two tile products (hi and lo halves of x) unless activations are rounded to
   // bf16 (--matmul-precision bfloat16): the useful rate is half, or all, of the issued one.
   const int parts = g_bf16_matmuls ? 1 : 2;
@@ -1305,6 +1324,9 @@ int main(int argc, char** argv) {
     }
   }
   auto b = cpu::make_cpu_backend(isa, threads);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  g_amx_packs = isa == cpu::Isa::kAvx512 && cpu::cpu_switches().amx && amx_usable();
+#endif
   g_bf16_matmuls = b->set_matmul_precision(dtype_from_name(precision));
   std::printf("cpu backend: isa=%s (detected %s) threads=%d matmuls=%s\n", cpu::isa_name(isa),
               cpu::isa_name(cpu::detected_isa()), b->num_threads(), g_bf16_matmuls ? "bfloat16" : "float32");
@@ -1352,7 +1374,7 @@ int main(int argc, char** argv) {
       if (wt == DType::kBF16)
         for (const auto& [n, k] :
              {std::pair<int64_t, int64_t>{960, 576}, {576, 576}, {3072, 576}, {576, 1536}}) {
-          if (b->dense_packed_bytes(DType::kBF16, n, k) == 0) bench_linear(*b, 512, n, k, wt);
+          if (!g_amx_packs) bench_linear(*b, 512, n, k, wt);
           bench_linear_amx(*b, 512, n, k);
         }
     }

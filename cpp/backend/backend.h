@@ -210,7 +210,8 @@ class Backend {
   // out[i, :] = dequantized row ids[i] of `table` (original column order), [n, table.cols].
   virtual void embedding_q(const int32_t* ids, int64_t n, const QuantMatrix& table, float* out);
 
-  // Dense matrices in a backend-owned layout (the CPU backend: AMX tiles for bf16). When
+  // Dense matrices in a backend-owned layout (the CPU backend, bf16: AMX tiles, else the vector
+  // kernels' pair layout). When
   // dense_packed_bytes is 0 the backend keeps `dt` matrices row-major for linear() (the default)
   // and the other two are never called. pack_dense copies w [n, k] into dst (that many bytes of
   // this backend's memory); linear_packed is linear() on the packed copy, y row stride n. A
@@ -219,6 +220,9 @@ class Backend {
   virtual void pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst);
   virtual void linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y,
                              int64_t m, int64_t n, int64_t k);
+  // Whether a tied lm_head gets a packed copy beside the embedding (which stays row-major for
+  // embedding lookups): worth its memory only where the packed kernel is much faster on it.
+  virtual bool packs_tied_lm_head() const { return true; }
   // The MLP on packed matrices in one call: out = (silu(x . gate^T) * (x . up^T)) . down^T, with
   // gate_up [2 * inter, hidden] (gate rows first) and down [hidden, inter] packed by pack_dense;
   // bit for bit linear_packed + silu_mul + linear_packed. false (the default): no fused path for

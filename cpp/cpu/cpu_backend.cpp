@@ -32,6 +32,7 @@ CpuBackend::CpuBackend(Isa isa, int num_threads)
   quant_rows_fn_ = pk.quantize;
   panel_ = !sw.quant_f32;
   huge_pages_ = sw.huge_pages;
+  bf16_pairs_ = sw.bf16_pairs;
   // AMX only on top of AVX-512 (the activation split uses it); FANTAI_AMX=0 turns it off (A/B).
   const bool amx_ok = isa == Isa::kAvx512 && sw.amx;
   amx_ = amx_ok && amx_usable();

@@ -62,6 +62,8 @@ class CpuBackend final : public Backend {
 
   void linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y, int64_t m,
                      int64_t n, int64_t k) override;
+  // AMX only: the pair layout gains nothing on the lm_head's DRAM-bound decode.
+  bool packs_tied_lm_head() const override { return amx_; }
 
   bool mlp_packed(const float* x, const void* gate_up, const void* down, DType dt, float* out, int64_t m,
                   int64_t inter, int64_t hidden) override;
@@ -222,8 +224,9 @@ class CpuBackend final : public Backend {
   static constexpr int64_t kAmxPanelMinRows = 16;
   static constexpr int64_t kAmxChunkBytes = 512 << 10;  // bf16 weights per linear_packed task
   bool panel_ = false;
-  bool amx_ = false;       // bf16 dense matrices are packed into AMX tiles at load
-  bool bf16_act_ = false;  // set_matmul_precision(kBF16) on AMX: one bf16 part, not two (or three)
+  bool amx_ = false;        // bf16 dense matrices are packed into AMX tiles at load
+  bool bf16_pairs_ = true;  // else into the pair layout (FANTAI_BF16_PAIRS)
+  bool bf16_act_ = false;   // set_matmul_precision(kBF16) on AMX: one bf16 part, not two (or three)
   ThreadPool pool_;
   std::vector<float> perm_scratch_;        // linear_q act-order gather; the step thread is the only caller
   std::vector<uint16_t> amx_hi_, amx_lo_;  // linear_packed's bf16 halves of x; likewise

@@ -25,15 +25,35 @@ bool CpuBackend::set_matmul_precision(DType precision) {
   return bf16_act_;
 }
 
+// bf16 matrices are packed on every level: AMX tiles where usable, else the vector kernels' pair
+// layout (same size; one widening op per W weights instead of two).
 size_t CpuBackend::dense_packed_bytes(DType dt, int64_t n, int64_t k) const {
-  return amx_ && dt == DType::kBF16 && n > 0 && k > 0 ? amx_packed_bytes(n, k) : 0;
+  if (dt != DType::kBF16 || n <= 0 || k <= 0) return 0;
+  if (amx_) return amx_packed_bytes(n, k);
+  return bf16_pairs_ ? static_cast<size_t>(n * k) * 2 : 0;
 }
 
 void CpuBackend::pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst) {
   FANTAI_REQUIRE(dense_packed_bytes(dt, n, k) > 0, "pack_dense: no packed layout for "
                                                        << dtype_name(dt) << " [" << n << ", " << k
                                                        << "] on this cpu backend");
-  amx_pack_bf16(static_cast<const uint16_t*>(w), n, k, dst);
+  const auto* src = static_cast<const uint16_t*>(w);
+  if (amx_) amx_pack_bf16(src, n, k, dst);
+  else pack_bf16_pairs(src, n, k, k_.lanes, static_cast<uint16_t*>(dst));
+}
+
+void pack_bf16_pairs(const uint16_t* w, int64_t n, int64_t k, int lanes, uint16_t* dst) {
+  const int64_t kp = k - k % (2 * lanes);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* s = w + j * k;
+    uint16_t* d = dst + j * k;
+    for (int64_t c = 0; c < kp; c += 2 * lanes)
+      for (int i = 0; i < lanes; ++i) {
+        d[c + 2 * i] = s[c + i];
+        d[c + 2 * i + 1] = s[c + lanes + i];
+      }
+    for (int64_t i = kp; i < k; ++i) d[i] = s[i];
+  }
 }
 
 // AMX: x split into bf16 hi/lo rows once per call (per row, so batch invariant), then tasks of
@@ -42,8 +62,15 @@ void CpuBackend::pack_dense(const void* w, DType dt, int64_t n, int64_t k, void*
 void CpuBackend::linear_packed(const float* x, const void* packed, DType dt, const float* bias, float* y,
                                int64_t m, int64_t n, int64_t k) {
   FANTAI_REQUIRE(m >= 0 && n > 0 && k > 0, "linear_packed: bad shape m=" << m << " n=" << n << " k=" << k);
-  FANTAI_REQUIRE(amx_ && dt == DType::kBF16, "linear_packed: matrix was not packed by this cpu backend");
+  FANTAI_REQUIRE(dt == DType::kBF16, "linear_packed: matrix was not packed by this cpu backend");
   if (m == 0) return;
+  if (!amx_) {
+    const auto fn = k_.linear_bf16_pairs;
+    for_each_linear_tile(m, n, k, n * k * 2, [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
+      fn(x + r0 * k, packed, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
+    });
+    return;
+  }
   uint16_t *hi, *lo;
   split_packed(x, m, n, k, &hi, &lo);
   run_packed(hi, lo, m, k, packed, n, bias, y, nullptr);

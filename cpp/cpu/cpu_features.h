@@ -24,6 +24,7 @@ struct CpuSwitches {
                            // (default / int8 / vnni: the int8-activation panel kernels)
   bool amx = true;         // FANTAI_AMX=0 turns AMX off (A/B runs)
   bool huge_pages = true;  // FANTAI_HUGEPAGES=0: weights without MADV_HUGEPAGE (A/B runs)
+  bool bf16_pairs = true;  // FANTAI_BF16_PAIRS=0: bf16 stays row-major off AMX (A/B runs)
 };
 CpuSwitches cpu_switches();
 

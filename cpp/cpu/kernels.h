@@ -76,6 +76,10 @@ struct KernelTable {
   // x: [m, k]; w: [n, k] in wt; y: [m, ldy]. Every y element uses one fixed k-order.
   void (*linear)(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t m, int64_t ldy,
                  int64_t k, int64_t j0, int64_t j1);
+  // linear on bf16 weights in the pair layout of this table's lanes (pack_bf16_pairs): the same
+  // chains, so the same bits as linear on the row-major matrix.
+  void (*linear_bf16_pairs)(const float* x, const void* w, const float* bias, float* y, int64_t m,
+                            int64_t ldy, int64_t k, int64_t j0, int64_t j1);
   // One row each. out may alias x.
   void (*rms_norm)(const float* x, const float* w, float* out, int64_t dim, float eps);
   void (*add_rms_norm)(float* residual, const float* x, const float* w, float* out, int64_t dim, float eps);
@@ -101,6 +105,12 @@ struct KernelTable {
   int lanes;
   void (*hsum_both)(const float* x, float* tree, float* each);
 };
+
+// w [n, k] bf16 into the pair layout for `lanes` lanes (KernelTable::lanes): in each row, every
+// chunk of 2 * lanes elements below k - k % (2 * lanes) holds element i of its first half at 2i
+// and of its second half at 2i + 1, so one 32-bit lane carries both and each half widens with one
+// op; the rest of the row stays as it was. Same size as w.
+void pack_bf16_pairs(const uint16_t* w, int64_t n, int64_t k, int lanes, uint16_t* dst);
 
 // nullptr where the file was not built for this target (non-x86).
 const KernelTable* scalar_kernels();

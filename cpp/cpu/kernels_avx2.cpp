@@ -18,6 +18,11 @@ struct VT : vt_avx2::VT {
   // alternated pairs, bench_kernels --only step), f32 47.5 against 44; a row's sum is the same
   // either way (one accumulator per row, in k order).
   static constexpr int kTileRows = 4, kTileCols = 3, kDecodeCols = 4;
+  // The bf16 pair layout's tile: 4x2 accumulators + 4 x rows (held in registers, VT::pin) + 1
+  // weight row + the 2 shuffle controls. Against the row-major 4x3 (bench_kernels --only linear
+  // --isa avx2): m = 512 at 0.89-0.97 of its time on 1 thread, 0.78-0.93 on 2; a 3x3 pair tile
+  // ran at 1.04-1.22.
+  static constexpr int kPairTileRows = 4, kPairTileCols = 2;
   // Attention: 2 rows x 4 keys of score chains (8 accumulators, one VT::hsum_w); 4 rows x 2
   // head_dim chunks of output accumulators (8 of the 16 ymm).
   static constexpr int kAttnQkRows = 2, kAttnRows = 4, kAttnChunks = 2;

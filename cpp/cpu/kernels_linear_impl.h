@@ -9,17 +9,48 @@
 // pf: when not null, the next tile's weight rows (contiguous bytes); each k step prefetches as
 // many bytes of it as it consumes of this tile, so DRAM streams ahead of the FMAs (rows are only
 // k long, too short for the hardware prefetcher to ramp up on C interleaved streams).
-template <int R, int C, int DT>
+// Pairs (bf16 only): each row's first k - k % (2W) elements are in the pair layout
+// (pack_bf16_pairs); the chains are the same, so are the bits.
+template <int R, int C, int DT, bool Pairs = false>
 FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float* y, int64_t ldy, int64_t k,
                         int64_t j, const char* pf = nullptr) {
   constexpr int kEs = elem_bytes<DT>(), kPfStep = C * W * kEs;
+  static_assert(!Pairs || DT == 2, "the pair layout is bf16's");
   V acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = VT::zero();
   const int64_t kv = k - k % W;
-  for (int64_t i = 0; i < kv; i += W) {
+  int64_t i = 0;
+  if constexpr (Pairs) {
+    // Each half of 2W weights widens with one op, off the FMA ports where the ISA has one (AVX2: a
+    // byte shuffle); the row-major loads take a widening load and a shift per W, and on Intel the
+    // shift competes with the FMAs.
+    const int64_t kp = k - k % (2 * W);
+    for (; i < kp; i += 2 * W) {
+      if (pf) {
+#pragma GCC unroll 8
+        for (int b = 0; b < 2 * kPfStep; b += 64) __builtin_prefetch(pf + b, 0, 3);
+        pf += 2 * kPfStep;
+      }
+      // The two halves one after the other, as two W steps: a tile's registers hold one step's x.
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        V xv[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) xv[r] = VT::pin(VT::load(x + r * k + i + h * W));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          const uint16_t* p = static_cast<const uint16_t*>(w) + (j + c) * k + i;
+          const V wv = h == 0 ? VT::bf16_pair_lo(p) : VT::bf16_pair_hi(p);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(xv[r], wv, acc[r][c]);
+        }
+      }
+    }
+  }
+  for (; i < kv; i += W) {
     if (pf) {
 #pragma GCC unroll 8
       for (int b = 0; b < kPfStep; b += 64) __builtin_prefetch(pf + b, 0, 3);
@@ -57,27 +88,29 @@ FT_INLINE void lin_tile(const float* x, const void* w, const float* bias, float*
 }
 
 // lin_tile with a run-time row count in [1, RR] (the last, partial row tile of a batch).
-template <int RR, int C, int DT>
+template <int RR, int C, int DT, bool Pairs>
 FT_INLINE void lin_rows(int rows, const float* x, const void* w, const float* bias, float* y, int64_t ldy,
                         int64_t k, int64_t j, const char* pf) {
   if constexpr (RR > 1) {
-    if (rows < RR) return lin_rows<RR - 1, C, DT>(rows, x, w, bias, y, ldy, k, j, pf);
+    if (rows < RR) return lin_rows<RR - 1, C, DT, Pairs>(rows, x, w, bias, y, ldy, k, j, pf);
   }
-  lin_tile<RR, C, DT>(x, w, bias, y, ldy, k, j, pf);
+  lin_tile<RR, C, DT, Pairs>(x, w, bias, y, ldy, k, j, pf);
 }
 
-template <int DT>
+template <int DT, bool Pairs = false>
 void linear_t(const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t ldy, int64_t k,
               int64_t j0, int64_t j1) {
-  constexpr int R = VT::kTileRows, C = VT::kTileCols, C1 = VT::kDecodeCols;
+  constexpr int R = Pairs ? VT::kPairTileRows : VT::kTileRows, C = Pairs ? VT::kPairTileCols : VT::kTileCols;
+  constexpr int C1 = VT::kDecodeCols;
   constexpr int kEs = elem_bytes<DT>();
   const char* wb = static_cast<const char*>(w);
   int64_t j = j0;
   if (m == 1) {
     // Decode: memory-bound; C1 weight rows stream side by side against one x row.
     for (; j + C1 <= j1; j += C1)
-      lin_tile<1, C1, DT>(x, w, bias, y, ldy, k, j, j + 2 * C1 <= j1 ? wb + (j + C1) * k * kEs : nullptr);
-    for (; j < j1; ++j) lin_tile<1, 1, DT>(x, w, bias, y, ldy, k, j);
+      lin_tile<1, C1, DT, Pairs>(x, w, bias, y, ldy, k, j,
+                                 j + 2 * C1 <= j1 ? wb + (j + C1) * k * kEs : nullptr);
+    for (; j < j1; ++j) lin_tile<1, 1, DT, Pairs>(x, w, bias, y, ldy, k, j);
     return;
   }
   // Prefill: a panel of P weight rows (~64: L2-resident) is swept by every R-row tile of x (L1-
@@ -93,9 +126,9 @@ void linear_t(const float* x, const void* w, const float* bias, float* y, int64_
       float* yr = y + r * ldy;
       for (j = jp; j + C <= jpe; j += C) {
         const char* pf = r == 0 && j + 2 * C <= j1 ? wb + (j + C) * k * kEs : nullptr;
-        lin_rows<R, C, DT>(rows, xr, w, bias, yr, ldy, k, j, pf);
+        lin_rows<R, C, DT, Pairs>(rows, xr, w, bias, yr, ldy, k, j, pf);
       }
-      for (; j < jpe; ++j) lin_rows<R, 1, DT>(rows, xr, w, bias, yr, ldy, k, j, nullptr);
+      for (; j < jpe; ++j) lin_rows<R, 1, DT, Pairs>(rows, xr, w, bias, yr, ldy, k, j, nullptr);
     }
   }
 }
@@ -108,4 +141,9 @@ void linear(const float* x, const void* w, DType wt, const float* bias, float* y
     case DType::kBF16: linear_t<2>(x, w, bias, y, m, ldy, k, j0, j1); return;
     case DType::kI8: return;  // KV-cache-only type; the backend rejects it before this
   }
+}
+
+void linear_bf16_pairs(const float* x, const void* w, const float* bias, float* y, int64_t m, int64_t ldy,
+                       int64_t k, int64_t j0, int64_t j1) {
+  linear_t<2, true>(x, w, bias, y, m, ldy, k, j0, j1);
 }

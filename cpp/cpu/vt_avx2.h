@@ -58,6 +58,28 @@ struct VT {
     return bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static V load_bf16_n(const uint16_t* p, int n) { return bf16x8(load8_u16_n(p, n)); }
+  // The two halves of 2W bf16 in the pair layout (element i of each half in 32-bit lane i, the
+  // first half low), each by one in-lane byte shuffle into the high 16 bits of its lane. A shift
+  // and a mask give the same bits but run on Intel's FMA ports (p0/p1) and were no faster than
+  // the row-major loads; vpshufb runs on p5.
+  static V bf16_pair_lo(const uint16_t* p) {
+    const __m256i c = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13, -1, -1, 0, 1,
+                                       -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13);
+    return _mm256_castsi256_ps(
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), c));
+  }
+  static V bf16_pair_hi(const uint16_t* p) {
+    const __m256i c = _mm256_setr_epi8(-1, -1, 2, 3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15, -1, -1, 2,
+                                       3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15);
+    return _mm256_castsi256_ps(
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), c));
+  }
+  // a, held in a register from here: GCC otherwise folds a tile's x loads into every FMA that
+  // uses them, a load per FMA.
+  static V pin(V a) {
+    __asm__("" : "+x"(a));
+    return a;
+  }
   static V load_f16(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }

@@ -49,6 +49,19 @@ struct VT {
     return bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static V load_bf16_n(const uint16_t* p, int n) { return bf16x16(_mm256_maskz_loadu_epi16(mask(n), p)); }
+  // a, held in a register from here (see vt_avx2.h).
+  static V pin(V a) {
+    __asm__("" : "+v"(a));
+    return a;
+  }
+  // 2W bf16 in the pair layout (see vt_avx2.h).
+  static V bf16_pair_lo(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+  }
+  static V bf16_pair_hi(const uint16_t* p) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+  }
   static V load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }

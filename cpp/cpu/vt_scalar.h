@@ -56,6 +56,18 @@ struct VT {
     for (int i = 0; i < n; ++i) r.v[i] = bf16_to_f32(p[i]);
     return r;
   }
+  static V pin(V a) { return a; }  // the vector levels keep a in a register
+  // 2W bf16 in the pair layout: element i of the first half at p[2i], of the second at p[2i + 1].
+  static V bf16_pair_lo(const uint16_t* p) {
+    V r;
+    for (int i = 0; i < W; ++i) r.v[i] = bf16_to_f32(p[2 * i]);
+    return r;
+  }
+  static V bf16_pair_hi(const uint16_t* p) {
+    V r;
+    for (int i = 0; i < W; ++i) r.v[i] = bf16_to_f32(p[2 * i + 1]);
+    return r;
+  }
   static V load_f16(const uint16_t* p) { return load_f16_n(p, W); }
   static V load_f16_n(const uint16_t* p, int n) {
     V r = zero();

@@ -500,13 +500,15 @@ void Weights::pack_layers() {
 // Every sampled row crosses the lm_head (up to 64 rows a step in a batched decode), so a dense one
 // goes into the packed layout too, as the layers do; the backend then runs it on the same tiles for
 // every row count. An own matrix moves (the row-major original is freed); a tied one gets a packed
-// copy beside the embedding, which embedding() still reads row by row.
+// copy beside the embedding, which embedding() still reads row by row, where the backend finds
+// the copy worth its memory (Backend::packs_tied_lm_head).
 void Weights::pack_lm_head() {
   const int64_t V = lm_head_rows(), H = config_.hidden_size;
   const bool own = lm_head_.data() != nullptr;
   const bool dense = own ? lm_head_q_.empty()
                          : embed_.data() != nullptr && embed_q_.empty() && lm_head_q_.empty();
   if (lm_head_packed_.data() || !dense || backend_->dense_packed_bytes(dtype_, V, H) == 0) return;
+  if (!own && !backend_->packs_tied_lm_head()) return;
   Buffer packed = Buffer::weights(backend_, backend_->dense_packed_bytes(dtype_, V, H), false);
   backend_->pack_dense(own ? lm_head_.data() : tied_rows(), dtype_, V, H, packed.data());
   lm_head_packed_ = std::move(packed);

@@ -208,17 +208,24 @@ TEST(Amx, FusedMlpBitIdenticalToThreeOps) {
     }
 }
 
-TEST(Amx, DisabledByEnvKeepsRowMajorPath) {
+// FANTAI_AMX=0 (or a level below AVX-512) packs bf16 into the vector kernels' pair layout instead:
+// the row-major size, and no packed copy of a tied lm_head.
+TEST(Amx, DisabledByEnvFallsBackToThePairLayout) {
   if (detected_isa() < Isa::kAvx512 || !amx_usable()) GTEST_SKIP() << "AMX not usable here";
   const char* old = std::getenv("FANTAI_AMX");
   const std::string saved = old ? old : "";
   setenv("FANTAI_AMX", "0", 1);
   auto be = make_cpu_backend(Isa::kAvx512, 1);
-  EXPECT_EQ(0u, be->dense_packed_bytes(DType::kBF16, 64, 64));
+  EXPECT_EQ(64u * 64 * 2, be->dense_packed_bytes(DType::kBF16, 64, 64));
+  EXPECT_FALSE(be->packs_tied_lm_head());
   setenv("FANTAI_AMX", "1", 1);
-  EXPECT_GT(make_cpu_backend(Isa::kAvx512, 1)->dense_packed_bytes(DType::kBF16, 64, 64), 0u);
+  auto amx = make_cpu_backend(Isa::kAvx512, 1);
+  EXPECT_GT(amx->dense_packed_bytes(DType::kBF16, 64, 64), 0u);
+  EXPECT_TRUE(amx->packs_tied_lm_head());
   EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx512, 1)->dense_packed_bytes(DType::kF32, 64, 64));
-  EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 64, 64));
+  auto avx2 = make_cpu_backend(Isa::kAvx2, 1);
+  EXPECT_EQ(64u * 64 * 2, avx2->dense_packed_bytes(DType::kBF16, 64, 64));
+  EXPECT_FALSE(avx2->packs_tied_lm_head());
   setenv("FANTAI_AMX", "yes", 1);
   EXPECT_THROW(make_cpu_backend(Isa::kAvx512, 1), std::exception);
   if (old) setenv("FANTAI_AMX", saved.c_str(), 1);

@@ -156,6 +156,61 @@ TEST_P(Kernels, HalfWeightsGiveTheF32KernelsBitsOnTheWidenedValues) {
       }
 }
 
+// The pair layout keeps every y element's chain, so linear_bf16_pairs on a packed matrix must give
+// linear's bits on the row-major one: for k with whole pair chunks, a leftover W step, a masked
+// tail, and k below one chunk; row counts that fill and split the pair tile; a column range that
+// starts and ends inside a row of tiles. A half widened from the wrong byte pair, or halves taken
+// in the wrong order, changes the bits.
+TEST_P(Kernels, Bf16PairLayoutGivesTheRowMajorBits) {
+  const KernelTable& t = kernels_for(GetParam());
+  const int64_t n = 29;
+  for (int64_t k : {1, 7, 15, 16, 17, 31, 32, 33, 48, 333, 576})
+    for (int64_t m : {1, 2, 3, 4, 5, 9, 37})
+      for (bool bias : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " bias=" << bias);
+        auto x = randn(m * k, 31), wf = randn(n * k, 32), bv = randn(n, 33);
+        auto wh = to_half(wf, DType::kBF16);
+        std::vector<uint16_t> packed(wh.size());
+        pack_bf16_pairs(wh.data(), n, k, t.lanes, packed.data());
+        const float* b = bias ? bv.data() : nullptr;
+        std::vector<float> want(m * n, -1.f), got(m * n, -1.f);
+        t.linear(x.data(), wh.data(), DType::kBF16, b, want.data(), m, n, k, 0, n);
+        t.linear_bf16_pairs(x.data(), packed.data(), b, got.data(), m, n, k, 0, n);
+        EXPECT_TRUE(bitwise_equal(got.data(), want.data(), got.size()));
+        std::vector<float> part(m * n, -1.f);
+        t.linear_bf16_pairs(x.data(), packed.data(), b, part.data(), m, n, k, 3, 26);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(part[r * n + j], j >= 3 && j < 26 ? want[r * n + j] : -1.f) << "r=" << r << " j=" << j;
+      }
+}
+
+// Where the backend packs bf16 into the pair layout (every level without AMX tiles), a packed
+// matrix runs on any thread count with the row-major matrix's bits, and costs no extra bytes.
+TEST_P(Kernels, PackedBf16MatchesRowMajorOffAmx) {
+  auto b2 = be(2), b1 = be(1);
+  const int64_t n = 200, k = 333;
+  const bool amx = GetParam() == Isa::kAvx512 && cpu_switches().amx && amx_usable();
+  if (amx) GTEST_SKIP() << "bf16 packs into AMX tiles here (test_amx covers them)";
+  ASSERT_EQ(b2->dense_packed_bytes(DType::kBF16, n, k), static_cast<size_t>(n * k * 2));
+  EXPECT_EQ(b2->dense_packed_bytes(DType::kF32, n, k), 0u);
+  EXPECT_FALSE(b2->packs_tied_lm_head());
+  auto wf = randn(n * k, 41), bias = randn(n, 42);
+  auto wh = to_half(wf, DType::kBF16);
+  std::vector<uint16_t> packed(wh.size());
+  b2->pack_dense(wh.data(), DType::kBF16, n, k, packed.data());
+  for (int64_t m : {1, 37, 130}) {
+    SCOPED_TRACE(::testing::Message() << "m=" << m);
+    auto x = randn(m * k, 43);
+    std::vector<float> want(m * n), got2(m * n), got1(m * n);
+    b2->linear(x.data(), wh.data(), DType::kBF16, bias.data(), want.data(), m, n, k);
+    b2->linear_packed(x.data(), packed.data(), DType::kBF16, bias.data(), got2.data(), m, n, k);
+    b1->linear_packed(x.data(), packed.data(), DType::kBF16, bias.data(), got1.data(), m, n, k);
+    EXPECT_TRUE(bitwise_equal(got2.data(), want.data(), want.size())) << "2 threads";
+    EXPECT_TRUE(bitwise_equal(got1.data(), want.data(), want.size())) << "1 thread";
+  }
+}
+
 // ---- norms, rope, silu, embedding, add ---------------------------------------------------------
 
 TEST_P(Kernels, RmsNormAndAddRmsNorm) {
@@ -971,6 +1026,20 @@ std::string vm_flags_at(const void* p) {
     }
   }
   return "";
+}
+
+// FANTAI_BF16_PAIRS=0 keeps bf16 row-major where AMX is off (the portable level has no AMX).
+TEST(CpuBackend, Bf16PairsSwitch) {
+  const char* old = std::getenv("FANTAI_BF16_PAIRS");
+  const std::string saved = old ? old : "";
+  setenv("FANTAI_BF16_PAIRS", "0", 1);
+  EXPECT_EQ(0u, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+  setenv("FANTAI_BF16_PAIRS", "1", 1);
+  EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+  setenv("FANTAI_BF16_PAIRS", "no", 1);
+  EXPECT_THROW(make_cpu_backend(Isa::kScalar, 1), std::exception);
+  if (old) setenv("FANTAI_BF16_PAIRS", saved.c_str(), 1);
+  else unsetenv("FANTAI_BF16_PAIRS");
 }
 
 TEST(CpuBackend, WeightsShareHugePageSlabsAndGoBackWhenFreed) {

@@ -1,6 +1,7 @@
 """matmul_precision="bfloat16": activations rounded to bf16 where they meet bf16 weights or a bf16 KV
 cache in a matrix unit (CPU AMX). Checked against transformers (bf16 weights, f32 math), against the
-float32 mode, and for the engine's invariants (batching and chunked prefill never change tokens)."""
+float32 mode, and for the engine's invariants (batching and chunked prefill never change tokens).
+Also the other form bf16 weights take: the pair layout off AMX, the row-major kernels' bits."""
 
 from __future__ import annotations
 
@@ -116,6 +117,32 @@ def test_batching_and_chunked_prefill_never_change_tokens(model_dir: Path) -> No
     alone = [tokens(whole.generate([p], params, use_tqdm=False))[0] for p in prompts]
     assert batched == alone
     assert tokens(chunked.generate(prompts, params, use_tqdm=False)) == batched
+
+
+def test_bf16_pair_layout_keeps_bits_and_size(tmp_path: Path) -> None:
+    """Off AMX (FANTAI_AMX=0 here, so on any CPU) bf16 matrices are repacked at load into the pair
+    layout: the same bytes (a tied lm_head gets no packed copy beside the embedding) and the bits of
+    the row-major kernels (FANTAI_BF16_PAIRS=0), for logits and batched greedy tokens."""
+    src = build_tiny_model(tmp_path / "src", vocab_size=VOCAB, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS,
+                           inter=320, layers=2, max_pos=2048, tie=True)
+    out = tmp_path / "bf16"
+    hf_model(src).to(torch.bfloat16).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((src / name).read_bytes())
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FANTAI_AMX", "0")
+        for pairs in ("0", "1"):
+            mp.setenv("FANTAI_BF16_PAIRS", pairs)
+            runs[pairs] = LLM(str(out), dtype="bfloat16", num_kv_blocks=256)
+    rows, pairs = runs["0"], runs["1"]
+    assert pairs._model.weight_bytes() == rows._model.weight_bytes()
+    prompts = random_prompts(4, VOCAB, [5, 40, 77, 130], seed=3)
+    for p in prompts:
+        assert np.array_equal(pairs._model.score(p).view(np.uint32), rows._model.score(p).view(np.uint32))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    assert tokens(pairs.generate(prompts, params, use_tqdm=False)) == tokens(
+        rows.generate(prompts, params, use_tqdm=False))
 
 
 def test_cli_flag(model_dir: Path) -> None:

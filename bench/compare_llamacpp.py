@@ -37,6 +37,11 @@ Per system and model file:
   peak RSS          ru_maxrss of the subprocess at its end.
 Single-stream figures are medians of --repeats.
 
+--rounds N (default 1) runs the whole sequence N times, fantai first in odd rounds and llama.cpp
+first in even ones, tables every round's rows and ratios, and adds a table of paired ratios: for
+each rate, the median over rounds of that round's fantai / llama.cpp, with its range. On a shared
+VM whose speed drifts by a third between minutes, that is the figure to quote.
+
 Roofline (with --probe, default: build/wheel/bench/bench_kernels when it exists): the machine's
 peaks are measured by bench_kernels --only probe right before the systems run, on --threads
 threads: read bandwidth (512 MB array, mostly DRAM), f32 FMA, vdpbf16ps, AMX tdpbf16ps,
@@ -551,16 +556,56 @@ def table(groups: list[tuple[str, list[dict[str, Any]]]]) -> str:
                 lines.append(f"| {fname} | {r['cmd']} | failed: {r['error']} |" + " |" * len(COLUMNS))
                 continue
             cells = [fmt(r.get(key) * scale if r.get(key) is not None else None, spec) for _, key, spec, scale in COLUMNS]
-            lines.append(f"| {fname} | {r['label']} | {r['compute']} | " + " | ".join(cells)
+            lines.append(f"| {fname} | {r['label']}{round_tag(r)} | {r['compute']} | " + " | ".join(cells)
                          + f" | {fmt(r['loadavg_start'], '.1f')}→{fmt(r['loadavg_end'], '.1f')} |")
         for f in (r for r in rows if r.get("system") == "fantai" and "error" not in r):
             mm = " (bf16 matmuls)" if f.get("matmul_precision") == "bfloat16" else ""
             for r in rows:
-                if r.get("system") != "llama.cpp" or "error" in r:
+                if r.get("system") != "llama.cpp" or "error" in r or r.get("round") != f.get("round"):
                     continue
                 cells = [f"{f[key] / r[key]:.2f}x" if r.get(key) and f.get(key) else "–" for _, key, _, _ in COLUMNS]
-                lines.append(f"| {fname} | **fantai{mm} / llama.cpp -np {r['parallel']}** | | " + " | ".join(cells)
-                             + " | |")
+                lines.append(f"| {fname} | **fantai{mm} / llama.cpp -np {r['parallel']}**{round_tag(f)} | | "
+                             + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def round_tag(r: dict[str, Any]) -> str:
+    return f" (round {r['round']})" if r.get("rounds", 1) > 1 else ""
+
+
+# The rates a paired ratio is taken of (higher is better); start-up is measured in round 1 only.
+PAIRED = [c for c in COLUMNS if c[1] in ("offline_output_tok_s", "offline_total_tok_s", "decode_tok_s", "tg_tok_s",
+                                         "pp_tok_s")]
+
+
+def paired_table(groups: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """One line per (fantai precision, llama.cpp -np) pair and model file: for each rate, the median
+    over rounds of that round's ratio, with its range. On a host whose speed drifts between minutes
+    (a shared VM), each round's two systems ran minutes apart and the ratio of those is steadier
+    than either system's own figure."""
+    lines = ["| model file | pair | rounds | " + " | ".join(c[0] for c in PAIRED) + " |",
+             "|" + "---|" * (len(PAIRED) + 3)]
+    for fname, rows in groups:
+        ok = [r for r in rows if "error" not in r]
+        mms = sorted({r.get("matmul_precision") for r in ok if r.get("system") == "fantai"})
+        nps = sorted({r.get("parallel") for r in ok if r.get("system") == "llama.cpp"})
+        for mm in mms:
+            for n in nps:
+                per_round: dict[int, list[float]] = {}
+                for f in (r for r in ok if r.get("system") == "fantai" and r.get("matmul_precision") == mm):
+                    for r in (x for x in ok if x.get("system") == "llama.cpp" and x.get("parallel") == n
+                              and x.get("round") == f.get("round")):
+                        for j, (_, key, _, _) in enumerate(PAIRED):
+                            if f.get(key) and r.get(key):
+                                per_round.setdefault(j, []).append(f[key] / r[key])
+                if not per_round:
+                    continue
+                cells = []
+                for j in range(len(PAIRED)):
+                    xs = sorted(per_round.get(j, []))
+                    cells.append(f"{median(xs):.2f}x ({xs[0]:.2f}–{xs[-1]:.2f})" if xs else "–")
+                label = f"fantai{' (bf16 matmuls)' if mm == 'bfloat16' else ''} / llama.cpp -np {n}"
+                lines.append(f"| {fname} | {label} | {len(per_round.get(0, []))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -595,6 +640,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tg-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run both systems this many times, alternating who goes first, and add a table of each "
+                        "round's ratio (median and range): for hosts whose speed drifts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     p.add_argument("--probe", default=os.path.join(HERE, "..", "build", "wheel", "bench", "bench_kernels"),
@@ -696,20 +744,35 @@ def main(argv: list[str] | None = None) -> int:
             common = ["--model-path", path, "--model-kind", kind]
             rows: list[dict[str, Any]] = []
             groups.append((f"{os.path.basename(path)}", rows))
-            if not args.skip_fantai:
-                for i, mm in enumerate(x.strip() for x in args.fantai_matmul_precision.split(",") if x.strip()):
-                    log(f"fantai on {os.path.basename(path)}, {mm} matmuls")
-                    rows.append(run_worker(args, sys.executable, ["--_worker", "fantai", "--fantai-dtype",
-                                                                  args.fantai_dtype, "--_matmul_precision", mm,
-                                                                  *common], wl_path))
-                    if i == 0:  # start-up does not depend on it
-                        rows[-1].update(run_startup(args, sys.executable, "fantai-start", common, wl_path))
-            if lcpp:
-                for n in (int(x) for x in args.parallel.split(",") if x.strip()):
-                    log(f"llama.cpp -np {n} on {os.path.basename(path)}")
-                    rows.append(run_worker(args, lcpp, ["--_worker", "llamacpp", "--_parallel", str(n), *common],
-                                           wl_path))
-                    rows[-1].update(run_startup(args, lcpp, "llamacpp-start", common, wl_path))
+            for rnd in range(1, args.rounds + 1):
+                tag = f" (round {rnd} of {args.rounds})" if args.rounds > 1 else ""
+
+                def fantai_rows() -> None:
+                    if args.skip_fantai:
+                        return
+                    for i, mm in enumerate(x.strip() for x in args.fantai_matmul_precision.split(",") if x.strip()):
+                        log(f"fantai on {os.path.basename(path)}, {mm} matmuls{tag}")
+                        rows.append(run_worker(args, sys.executable, ["--_worker", "fantai", "--fantai-dtype",
+                                                                      args.fantai_dtype, "--_matmul_precision", mm,
+                                                                      *common], wl_path))
+                        rows[-1].update(round=rnd, rounds=args.rounds)
+                        if i == 0 and rnd == 1:  # start-up depends on neither
+                            rows[-1].update(run_startup(args, sys.executable, "fantai-start", common, wl_path))
+
+                def llamacpp_rows() -> None:
+                    if not lcpp:
+                        return
+                    for n in (int(x) for x in args.parallel.split(",") if x.strip()):
+                        log(f"llama.cpp -np {n} on {os.path.basename(path)}{tag}")
+                        rows.append(run_worker(args, lcpp, ["--_worker", "llamacpp", "--_parallel", str(n),
+                                                            *common], wl_path))
+                        rows[-1].update(round=rnd, rounds=args.rounds)
+                        if rnd == 1:
+                            rows[-1].update(run_startup(args, lcpp, "llamacpp-start", common, wl_path))
+
+                # Who goes first alternates, so neither system always runs in the other's wake.
+                for run in ((fantai_rows, llamacpp_rows) if rnd % 2 else (llamacpp_rows, fantai_rows)):
+                    run()
             print(table(groups), file=sys.stderr, flush=True)
             if args.json:
                 with open(args.json, "w") as jf:
@@ -723,6 +786,10 @@ def main(argv: list[str] | None = None) -> int:
           f"tokens ({n_prompt} in all), {args.output_len} output tokens each, EOS ignored, greedy, prefix caching "
           f"off; single stream medians of {args.repeats}\n")
     print(table(groups))
+    if args.rounds > 1:
+        print(f"\nPaired ratios over {args.rounds} alternated rounds: median of each round's fantai / llama.cpp "
+              "(min–max)\n")
+        print(paired_table(groups))
     if peaks:
         print("\nRoofline (peaks measured by bench_kernels --only probe at the start of this run):\n")
         print(roofline(groups, costs, peaks))

@@ -32,7 +32,10 @@ CpuBackend::CpuBackend(Isa isa, int num_threads)
   quant_rows_fn_ = pk.quantize;
   panel_ = !sw.quant_f32;
   huge_pages_ = sw.huge_pages;
-  bf16_pairs_ = sw.bf16_pairs;
+  // AVX2's row-major loads widen bf16 with a broadcast load and one vpshufb, no FMA-port op, as
+  // the pair halves do, and its wider row-major tiles then ran faster (bench/README.md, issue 18):
+  // the pair layout is AVX-512's (and the portable level's) default only.
+  bf16_pairs_ = sw.bf16_pairs >= 0 ? sw.bf16_pairs == 1 : isa != Isa::kAvx2;
   // AMX only on top of AVX-512 (the activation split uses it); FANTAI_AMX=0 turns it off (A/B).
   const bool amx_ok = isa == Isa::kAvx512 && sw.amx;
   amx_ = amx_ok && amx_usable();

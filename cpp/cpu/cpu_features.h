@@ -24,7 +24,9 @@ struct CpuSwitches {
                            // (default / int8 / vnni: the int8-activation panel kernels)
   bool amx = true;         // FANTAI_AMX=0 turns AMX off (A/B runs)
   bool huge_pages = true;  // FANTAI_HUGEPAGES=0: weights without MADV_HUGEPAGE (A/B runs)
-  bool bf16_pairs = true;  // FANTAI_BF16_PAIRS=0: bf16 stays row-major off AMX (A/B runs)
+  // FANTAI_BF16_PAIRS=0|1: bf16 off AMX row-major or in the pair layout (A/B runs); unset (-1):
+  // the ISA level's default (CpuBackend).
+  int bf16_pairs = -1;
 };
 CpuSwitches cpu_switches();
 

@@ -514,7 +514,7 @@ def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, di
             gf = c["prefill_flops_per_token"] * r["pp_tok_s"] * 1e-9
             r["roofline"] = {"decode_gbs": gbs, "decode_bw_frac": gbs / bw if bw else None, "pp_gflops": gf,
                              **{f"pp_frac_{k}": gf / peaks[k] for _, k in names}}
-            lines.append(f"| {fname} | {r['label']} | {gbs:.1f} | " + (f"{100 * gbs / bw:.0f}%" if bw else "–")
+            lines.append(f"| {fname} | {r['label']}{round_tag(r)} | {gbs:.1f} | " + (f"{100 * gbs / bw:.0f}%" if bw else "–")
                          + f" | {gf:.0f} | " + " | ".join(f"{100 * gf / peaks[k]:.0f}%" for _, k in names) + " |")
     return "\n".join(lines)
 

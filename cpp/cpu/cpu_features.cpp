@@ -111,9 +111,8 @@ CpuSwitches cpu_switches() {
   s.quant_f32 = qk && !std::strcmp(qk, "f32");
   s.amx = on_unless_zero("FANTAI_AMX");
   s.huge_pages = on_unless_zero("FANTAI_HUGEPAGES");
-  s.bf16_pairs = !std::getenv("FANTAI_BF16_PAIRS") || !*std::getenv("FANTAI_BF16_PAIRS")
-                     ? -1
-                     : on_unless_zero("FANTAI_BF16_PAIRS");
+  const char* pairs = std::getenv("FANTAI_BF16_PAIRS");
+  s.bf16_pairs = pairs && *pairs ? on_unless_zero("FANTAI_BF16_PAIRS") : -1;
   return s;
 }
 

@@ -189,12 +189,12 @@ TEST_P(Kernels, Bf16PairLayoutGivesTheRowMajorBits) {
 // FANTAI_BF16_PAIRS=1; AVX2 keeps row-major unless asked), a packed matrix runs on any thread
 // count with the row-major matrix's bits, and costs no extra bytes.
 TEST_P(Kernels, PackedBf16MatchesRowMajorOffAmx) {
-  const char* old = std::getenv("FANTAI_BF16_PAIRS");
-  const std::string saved = old ? old : "";
-  setenv("FANTAI_BF16_PAIRS", "1", 1);
-  auto b2 = be(2), b1 = be(1);
-  if (old) setenv("FANTAI_BF16_PAIRS", saved.c_str(), 1);
-  else unsetenv("FANTAI_BF16_PAIRS");
+  std::shared_ptr<Backend> b2, b1;
+  {
+    const test::ScopedEnv pairs("FANTAI_BF16_PAIRS", "1");
+    b2 = be(2);
+    b1 = be(1);
+  }
   const int64_t n = 200, k = 333;
   const bool amx = GetParam() == Isa::kAvx512 && cpu_switches().amx && amx_usable();
   if (amx) GTEST_SKIP() << "bf16 packs into AMX tiles here (test_amx covers them)";
@@ -1034,24 +1034,21 @@ std::string vm_flags_at(const void* p) {
   return "";
 }
 
-// FANTAI_BF16_PAIRS=0 keeps bf16 row-major where AMX is off (the portable level has no AMX).
+// FANTAI_BF16_PAIRS=0|1 forces bf16 row-major or the pair layout where AMX is off (the portable
+// level has no AMX); unset, each level takes its default.
 TEST(CpuBackend, Bf16PairsSwitch) {
-  const char* old = std::getenv("FANTAI_BF16_PAIRS");
-  const std::string saved = old ? old : "";
-  // Unset: each level's default, the pair layout except on AVX2 (row-major ran faster there).
-  unsetenv("FANTAI_BF16_PAIRS");
+  // Unset: the pair layout except on AVX2 (row-major ran faster there).
+  const test::ScopedEnv env("FANTAI_BF16_PAIRS", nullptr);
   EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
   const bool avx2 = static_cast<int>(detected_isa()) >= static_cast<int>(Isa::kAvx2);
   if (avx2) EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
-  setenv("FANTAI_BF16_PAIRS", "0", 1);
+  env.set("0");
   EXPECT_EQ(0u, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
-  setenv("FANTAI_BF16_PAIRS", "1", 1);
+  env.set("1");
   EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
   if (avx2) EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
-  setenv("FANTAI_BF16_PAIRS", "no", 1);
+  env.set("no");
   EXPECT_THROW(make_cpu_backend(Isa::kScalar, 1), std::exception);
-  if (old) setenv("FANTAI_BF16_PAIRS", saved.c_str(), 1);
-  else unsetenv("FANTAI_BF16_PAIRS");
 }
 
 TEST(CpuBackend, WeightsShareHugePageSlabsAndGoBackWhenFreed) {

@@ -36,6 +36,29 @@ struct TempTree {
   }
 };
 
+// An environment variable set (or unset, value nullptr) for the object's life, then put back as it
+// was, also when an ASSERT returns early: the FANTAI_* switches are read when a backend is made.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    set(value);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() { set(had_ ? old_.c_str() : nullptr); }
+  void set(const char* value) const {
+    if (value) setenv(name_.c_str(), value, 1);
+    else unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 // Every ISA level this CPU can run, portable first: each kernel test sweeps them all.
 inline std::vector<cpu::Isa> isa_levels() {
   std::vector<cpu::Isa> v;

@@ -53,6 +53,8 @@ struct VT {
     __builtin_memcpy(t, p, static_cast<unsigned>(n) * 2);
     return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
   }
+  // 8 bf16 already in a register (the tails): widened in place, as a broadcast from a register
+  // would take a port-5 op of its own.
   static V bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
   // 8 bf16 from memory: both 128-bit lanes get all 8 (a broadcast load, no ALU port), then one
   // in-lane byte shuffle moves elements 0-3 (lane 0) and 4-7 (lane 1) into the high 16 bits of

@@ -120,9 +120,10 @@ def test_batching_and_chunked_prefill_never_change_tokens(model_dir: Path) -> No
 
 
 def test_bf16_pair_layout_keeps_bits_and_size(tmp_path: Path) -> None:
-    """Off AMX (FANTAI_AMX=0 here, so on any CPU) bf16 matrices are repacked at load into the pair
-    layout: the same bytes (a tied lm_head gets no packed copy beside the embedding) and the bits of
-    the row-major kernels (FANTAI_BF16_PAIRS=0), for logits and batched greedy tokens."""
+    """Off AMX (FANTAI_AMX=0 here, so on any CPU) FANTAI_BF16_PAIRS=1 repacks bf16 matrices at load
+    into the pair layout (the default there, except on AVX2): the same bytes (a tied lm_head gets no
+    packed copy beside the embedding) and the bits of the row-major kernels (FANTAI_BF16_PAIRS=0),
+    for logits and batched greedy tokens."""
     src = build_tiny_model(tmp_path / "src", vocab_size=VOCAB, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS,
                            inter=320, layers=2, max_pos=2048, tie=True)
     out = tmp_path / "bf16"

@@ -15,6 +15,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 #include "cpu/kernels_amx.h"
+#include "test_support.h"
 
 namespace fantai::cpu {
 namespace {
@@ -212,13 +213,11 @@ TEST(Amx, FusedMlpBitIdenticalToThreeOps) {
 // the row-major size, and no packed copy of a tied lm_head.
 TEST(Amx, DisabledByEnvFallsBackToThePairLayout) {
   if (detected_isa() < Isa::kAvx512 || !amx_usable()) GTEST_SKIP() << "AMX not usable here";
-  const char* old = std::getenv("FANTAI_AMX");
-  const std::string saved = old ? old : "";
-  setenv("FANTAI_AMX", "0", 1);
+  const test::ScopedEnv amx_env("FANTAI_AMX", "0");
   auto be = make_cpu_backend(Isa::kAvx512, 1);
   EXPECT_EQ(64u * 64 * 2, be->dense_packed_bytes(DType::kBF16, 64, 64));
   EXPECT_FALSE(be->packs_tied_lm_head());
-  setenv("FANTAI_AMX", "1", 1);
+  amx_env.set("1");
   auto amx = make_cpu_backend(Isa::kAvx512, 1);
   EXPECT_GT(amx->dense_packed_bytes(DType::kBF16, 64, 64), 0u);
   EXPECT_TRUE(amx->packs_tied_lm_head());
@@ -226,10 +225,8 @@ TEST(Amx, DisabledByEnvFallsBackToThePairLayout) {
   auto avx2 = make_cpu_backend(Isa::kAvx2, 1);
   EXPECT_EQ(0u, avx2->dense_packed_bytes(DType::kBF16, 64, 64)) << "AVX2 keeps bf16 row-major by default";
   EXPECT_FALSE(avx2->packs_tied_lm_head());
-  setenv("FANTAI_AMX", "yes", 1);
+  amx_env.set("yes");
   EXPECT_THROW(make_cpu_backend(Isa::kAvx512, 1), std::exception);
-  if (old) setenv("FANTAI_AMX", saved.c_str(), 1);
-  else unsetenv("FANTAI_AMX");
 }
 
 }  // namespace

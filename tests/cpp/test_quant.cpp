@@ -688,16 +688,15 @@ TEST_P(PanelKernels, BackendPartsEqualPartByPart) {
 
 TEST_P(PanelKernels, BackendPacksPanelsUnlessAskedForF32) {
   const QuantTensor t = random_quant(20, 64, {4, 32, false, true, false}, 5);
-  setenv("FANTAI_QUANT_KERNEL", "f32", 1);
+  const test::ScopedEnv kernel("FANTAI_QUANT_KERNEL", "f32");
   auto f32 = cpu::make_cpu_backend(GetParam(), 1);
-  unsetenv("FANTAI_QUANT_KERNEL");
+  kernel.set(nullptr);
   auto int8 = cpu::make_cpu_backend(GetParam(), 1);
   std::vector<uint8_t> a(f32->quant_packed_bytes(t.view())), b(int8->quant_packed_bytes(t.view()));
   EXPECT_EQ(f32->pack_quant(t.view(), a.data()).layout, cpu::kCpuQuantLayout);
   EXPECT_TRUE(cpu::is_panel_layout(int8->pack_quant(t.view(), b.data()).layout));
-  setenv("FANTAI_QUANT_KERNEL", "fast", 1);
+  kernel.set("fast");
   EXPECT_THROW(cpu::make_cpu_backend(GetParam(), 1), InvalidArgument);
-  unsetenv("FANTAI_QUANT_KERNEL");
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, PanelKernels, ::testing::ValuesIn(levels()),
@@ -1002,9 +1001,9 @@ TEST(Gguf, NewTypesRunOnTheQuantizedKernels) {
   const Want types[] = {{model::kGgmlQ5_0, 8, 32}, {model::kGgmlQ5_1, 8, 32},   {model::kGgmlQ2_K, 4, 16},
                         {model::kGgmlQ3_K, 4, 16}, {model::kGgmlIQ4_NL, 8, 32}, {model::kGgmlIQ4_XS, 8, 32}};
   const int64_t n = 21, k = 512, m = 5;
-  setenv("FANTAI_QUANT_KERNEL", "f32", 1);
+  const test::ScopedEnv kernel("FANTAI_QUANT_KERNEL", "f32");
   auto exact = cpu::make_cpu_backend(cpu::detected_isa(), 2);
-  unsetenv("FANTAI_QUANT_KERNEL");
+  kernel.set(nullptr);
   auto fast = cpu::make_cpu_backend(cpu::detected_isa(), 2);
   uint32_t seed = 70;
   for (const Want& w : types) {

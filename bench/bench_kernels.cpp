@@ -1414,6 +1414,10 @@ int main(int argc, char** argv) {
   if (only == "attention-decode") {  // one figure, for profiling
     for (int i = 0; i < 20; ++i) bench_attention(*b, "decode ", 16, 1, 512, DType::kBF16);
   }
+  if (only == "attention-decode-cold") {  // one figure, for profiling: a batch's KV from DRAM
+    const double dram = dram_bandwidth_gbs(b->num_threads());
+    for (int i = 0; i < 10; ++i) bench_attention(*b, "decode ", 64, 1, 600, DType::kBF16, 9, dram);
+  }
   if (only == "amx-decode") {
     for (int64_t m : {1, 4}) bench_amx_decode(*b, m);
   }

@@ -93,12 +93,12 @@ const CpuFeatures& cpu_features() {
 }
 
 namespace {
-// An on-by-default 0|1 switch: unset or empty is on; anything but 0 or 1 is refused.
-bool on_unless_zero(const char* name) {
+// A 0|1 switch: 0 or 1 as set, unset_value when unset or empty; anything else is refused.
+int zero_one(const char* name, int unset_value) {
   const char* v = std::getenv(name);
-  FANTAI_REQUIRE(!v || !*v || !std::strcmp(v, "0") || !std::strcmp(v, "1"),
-                 name << "='" << v << "' not understood (0|1)");
-  return !(v && !std::strcmp(v, "0"));
+  if (!v || !*v) return unset_value;
+  FANTAI_REQUIRE(!std::strcmp(v, "0") || !std::strcmp(v, "1"), name << "='" << v << "' not understood (0|1)");
+  return v[0] == '1';
 }
 }  // namespace
 
@@ -109,10 +109,9 @@ CpuSwitches cpu_switches() {
                      !std::strcmp(qk, "vnni"),
                  "FANTAI_QUANT_KERNEL='" << qk << "' not understood (int8|f32)");
   s.quant_f32 = qk && !std::strcmp(qk, "f32");
-  s.amx = on_unless_zero("FANTAI_AMX");
-  s.huge_pages = on_unless_zero("FANTAI_HUGEPAGES");
-  const char* pairs = std::getenv("FANTAI_BF16_PAIRS");
-  s.bf16_pairs = pairs && *pairs ? on_unless_zero("FANTAI_BF16_PAIRS") : -1;
+  s.amx = zero_one("FANTAI_AMX", 1) == 1;
+  s.huge_pages = zero_one("FANTAI_HUGEPAGES", 1) == 1;
+  s.bf16_pairs = zero_one("FANTAI_BF16_PAIRS", -1);
   return s;
 }
 

@@ -1041,12 +1041,16 @@ TEST(CpuBackend, Bf16PairsSwitch) {
   const test::ScopedEnv env("FANTAI_BF16_PAIRS", nullptr);
   EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
   const bool avx2 = static_cast<int>(detected_isa()) >= static_cast<int>(Isa::kAvx2);
-  if (avx2) EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+  if (avx2) {
+    EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+  }
   env.set("0");
   EXPECT_EQ(0u, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
   env.set("1");
   EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
-  if (avx2) EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+  if (avx2) {
+    EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+  }
   env.set("no");
   EXPECT_THROW(make_cpu_backend(Isa::kScalar, 1), std::exception);
 }

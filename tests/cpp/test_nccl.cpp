@@ -18,6 +18,7 @@
 #include "common/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/kernels.h"
+#include "test_support.h"
 
 namespace fantai {
 namespace {
@@ -170,9 +171,11 @@ TEST(NcclComm, OneRankAllReduceAndAllGatherRunOverNccl) {
 
 TEST(NcclComm, RegistryGivesAOneRankCudaBackendNcclWhenAsked) {
   SKIP_WITHOUT_GPU();
-  setenv("FANTAI_NCCL_ONE_RANK", "1", 1);
-  std::shared_ptr<Backend> be = create_backend("cuda");
-  unsetenv("FANTAI_NCCL_ONE_RANK");
+  std::shared_ptr<Backend> be;
+  {
+    const test::ScopedEnv one_rank("FANTAI_NCCL_ONE_RANK", "1");
+    be = create_backend("cuda");
+  }
   EXPECT_NE(&be->communicator(), process_communicator().get());
   const std::vector<float> x = randn(333, 5);
   float* d = static_cast<float*>(be->alloc(x.size() * sizeof(float)));

@@ -357,6 +357,48 @@ void bench_kstep(Backend& b, const QFormat& f, bool in_cache) {
   std::printf("\n");
 }
 
+// A [rows, cols] bf16 matrix of N(0, 1) values in the layout the backend runs dense bf16 in
+// (packed pairs where it packs off AMX, else row-major), and that layout's linear.
+bool bf16_packed(Backend& b) { return !g_amx_packs && b.dense_packed_bytes(DType::kBF16, 64, 64) > 0; }
+std::vector<uint8_t> bf16_matrix(Backend& b, int64_t rows, int64_t cols, uint32_t seed) {
+  auto f = randn(rows * cols, seed);
+  std::vector<uint8_t> w(f.size() * 2);
+  convert_from_f32(f.data(), w.data(), DType::kBF16, f.size());
+  if (!bf16_packed(b)) return w;
+  std::vector<uint8_t> p(b.dense_packed_bytes(DType::kBF16, rows, cols));
+  b.pack_dense(w.data(), DType::kBF16, rows, cols, p.data());
+  return p;
+}
+void bf16_linear(Backend& b, const float* x, const std::vector<uint8_t>& w, float* y, int64_t n, int64_t k) {
+  if (bf16_packed(b)) b.linear_packed(x, w.data(), DType::kBF16, nullptr, y, 1, n, k);
+  else b.linear(x, w.data(), DType::kBF16, nullptr, y, 1, n, k);
+}
+
+// kstep's bf16 line: decode (m = 1) over 12 x [4096, 4096] dense bf16 matrices (0.4 GB) out of
+// cache, 24 x [1024, 1024] in it.
+void bench_kstep_bf16(Backend& b, bool in_cache) {
+  const int64_t n = in_cache ? 1024 : 4096, k = n, count = in_cache ? 24 : 12;
+  std::vector<std::vector<uint8_t>> ws;
+  size_t bytes = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    ws.push_back(bf16_matrix(b, n, k, static_cast<uint32_t>(40 + i)));
+    bytes += ws.back().size();
+  }
+  auto x = randn(k, 9);
+  std::vector<float> y(n);
+  const double us = time_us([&] {
+    for (const auto& w : ws) bf16_linear(b, x.data(), w, y.data(), n, k);
+  });
+  std::printf("kstep %-16s %lld x [%lld, %lld] m=1: %8.0f us  %6.3f B/weight  %6.1f GB/s",
+              bf16_packed(b) ? "bf16 packed" : "bf16", static_cast<long long>(count),
+              static_cast<long long>(n), static_cast<long long>(k), us,
+              static_cast<double>(bytes) / (count * n * k), bytes / us * 1e-3);
+  if (in_cache) std::printf("  (%.1f ps per weight, in cache)", us * 1e6 / (count * n * k));
+  else if (g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  std::printf("\n");
+}
+
 // SmolLM2-135M's decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the
 // file), the tied lm_head Q8_0. Only the linears and the lm_head are timed together with the
 // small row ops; attention is left out (measured by --only step) so the figure is the weights'.
@@ -388,11 +430,50 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
   };
   const double us = time_us(run);
   std::printf(
-      "qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)\n",
+      "qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)",
       f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
+  if (g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  std::printf("\n");
 }
 
-double dram_bandwidth_gbs(int T);  // the read-bandwidth probe (512 MB arrays); 0 without AVX2
+// qstep for the bf16 model: the same decode linears and a bf16 lm_head, every matrix dense bf16.
+void bench_qstep_bf16(Backend& b, int layers) {
+  const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
+  const int64_t qkv_dim = (nh + 2 * nkv) * hd;
+  struct Layer {
+    std::vector<uint8_t> qkv, o, gu, down;
+  };
+  std::vector<Layer> Ls(layers);
+  size_t bytes = 0;
+  for (int l = 0; l < layers; ++l) {
+    Ls[l] = {bf16_matrix(b, qkv_dim, H, 10 + l), bf16_matrix(b, H, nh * hd, 100 + l),
+             bf16_matrix(b, 2 * I, H, 200 + l), bf16_matrix(b, H, I, 300 + l)};
+    bytes += Ls[l].qkv.size() + Ls[l].o.size() + Ls[l].gu.size() + Ls[l].down.size();
+  }
+  const auto lm = bf16_matrix(b, V, H, 7);
+  bytes += lm.size();
+  auto x = randn(I, 9);
+  std::vector<float> qkv(qkv_dim), proj(H), gu(2 * I), logits(V);
+  const double us = time_us([&] {
+    for (int l = 0; l < layers; ++l) {
+      bf16_linear(b, x.data(), Ls[l].qkv, qkv.data(), qkv_dim, H);
+      bf16_linear(b, x.data(), Ls[l].o, proj.data(), H, nh * hd);
+      bf16_linear(b, x.data(), Ls[l].gu, gu.data(), 2 * I, H);
+      bf16_linear(b, x.data(), Ls[l].down, proj.data(), H, I);
+    }
+    bf16_linear(b, x.data(), lm, logits.data(), V, H);
+  });
+  std::printf(
+      "qstep decode linears %-5s + lm_head bf16: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)",
+      "bf16", us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
+  if (g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  std::printf("\n");
+}
+
+// The read-bandwidth probe (512 MB arrays); 0 without AVX2. Measured once and kept, unless fresh.
+double dram_bandwidth_gbs(int T, bool fresh = false);
 
 // ---- mixture of experts --------------------------------------------------------------------------
 // One Qwen3-30B-A3B-sized sparse layer (128 experts of hidden 2048 x inter 768, top 8) through
@@ -1225,11 +1306,11 @@ void probes(int T, cpu::Isa isa) {
   read_bandwidth_probes(T, cpu::Isa::kAvx512);
   (void)sink;
 }
-double dram_bandwidth_gbs(int T) {
+double dram_bandwidth_gbs(int T, bool fresh) {
   const cpu::Isa isa = cpu::detected_isa();
   if (isa < cpu::Isa::kAvx2) return 0;
   static double cached = 0;
-  if (cached > 0) return cached;
+  if (cached > 0 && !fresh) return cached;
   volatile float sink = 0;
   const size_t n = size_t{512} << 18, per = n / T;
   float* p = static_cast<float*>(std::aligned_alloc(64, n * 4));
@@ -1243,7 +1324,7 @@ double dram_bandwidth_gbs(int T) {
 void probes(int, cpu::Isa) { std::printf("probe: x86-64 GCC only\n"); }
 void bench_linear_amx(Backend&, int64_t, int64_t, int64_t) {}
 void bench_amx_decode(Backend&, int64_t) {}
-double dram_bandwidth_gbs(int) { return 0; }
+double dram_bandwidth_gbs(int, bool) { return 0; }
 #endif
 
 // --short: one or two shapes per section, every output checked; the exit status counts misses
@@ -1398,8 +1479,21 @@ int main(int argc, char** argv) {
     }
   }
   if (want("qstep")) {
+    // More layers than the model's: the weights are meant to stream from memory, so each line is
+    // read against a bandwidth probe run just before it (a shared host's bandwidth drifts by 2x
+    // within minutes).
+    auto probe = [&] {
+      if (qstep_layers > 30) g_read_gbs = dram_bandwidth_gbs(b->num_threads(), true);
+    };
     for (const QFormat* f : {&kQFormats[0], &kQFormats[2]})
-      if (picked(*f)) bench_qstep(*b, *f, qstep_layers);
+      if (picked(*f)) {
+        probe();
+        bench_qstep(*b, *f, qstep_layers);
+      }
+    if (formats.find(",bf16,") != std::string::npos) {
+      probe();
+      bench_qstep_bf16(*b, qstep_layers);
+    }
   }
   if (only == "attention-kv") bench_attention_dtypes(*b);
   if (only == "attention-kv-long") {  // one shape, for profiling: batch 1 x 4096, int8
@@ -1439,6 +1533,7 @@ int main(int argc, char** argv) {
     if (!in_cache && g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());
     for (const QFormat& f : kKFormats)
       if (picked(f)) bench_kstep(*b, f, in_cache);
+    if (formats.empty() || formats.find(",bf16,") != std::string::npos) bench_kstep_bf16(*b, in_cache);
   }
   if (only == "moe") {  // not in the default run: the experts take 0.4-1.2 GB
     if (g_read_gbs == 0) g_read_gbs = dram_bandwidth_gbs(b->num_threads());

@@ -333,6 +333,23 @@ const QFormat kKFormats[] = {{"q4_k", 4, 32, 0, true, 8, true},
                              {"q4_1", 4, 32, 0, true},
                              {"q8_0", 8, 32, 128, false}};
 
+// " (N% of read BW X GB/s)" for bytes streamed in us, when the probe has run.
+void print_read_share(double bytes, double us) {
+  if (g_read_gbs > 0)
+    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+}
+
+// One kstep line: count matrices of [n, k] read in us.
+void print_kstep(const char* name, int64_t count, int64_t n, int64_t k, double us, size_t bytes,
+                 bool in_cache) {
+  std::printf("kstep %-16s %lld x [%lld, %lld] m=1: %8.0f us  %6.3f B/weight  %6.1f GB/s", name,
+              static_cast<long long>(count), static_cast<long long>(n), static_cast<long long>(k), us,
+              static_cast<double>(bytes) / (count * n * k), bytes / us * 1e-3);
+  if (in_cache) std::printf("  (%.1f ps per weight, in cache)", us * 1e6 / (count * n * k));
+  else print_read_share(bytes, us);
+  std::printf("\n");
+}
+
 // in_cache: 24 matrices of [1024, 1024] instead (9-25 MB: in a 32 MB L3), which leaves the
 // kernel's own cost per weight, steadier than DRAM on a shared host, to compare two builds on.
 void bench_kstep(Backend& b, const QFormat& f, bool in_cache) {
@@ -348,13 +365,7 @@ void bench_kstep(Backend& b, const QFormat& f, bool in_cache) {
   const double us = time_us([&] {
     for (const QWeight& w : ws) b.linear_q(x.data(), w.w, nullptr, y.data(), 1, n);
   });
-  std::printf("kstep %-16s 24 x [%lld, %lld] m=1: %8.0f us  %6.3f B/weight  %6.1f GB/s", f.name,
-              static_cast<long long>(n), static_cast<long long>(k), us,
-              static_cast<double>(bytes) / (count * n * k), bytes / us * 1e-3);
-  if (in_cache) std::printf("  (%.1f ps per weight, in cache)", us * 1e6 / (count * n * k));
-  else if (g_read_gbs > 0)
-    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
-  std::printf("\n");
+  print_kstep(f.name, count, n, k, us, bytes, in_cache);
 }
 
 // A [rows, cols] bf16 matrix of N(0, 1) values in the layout the backend runs dense bf16 in
@@ -389,14 +400,7 @@ void bench_kstep_bf16(Backend& b, bool in_cache) {
   const double us = time_us([&] {
     for (const auto& w : ws) bf16_linear(b, x.data(), w, y.data(), n, k);
   });
-  std::printf("kstep %-16s %lld x [%lld, %lld] m=1: %8.0f us  %6.3f B/weight  %6.1f GB/s",
-              bf16_packed(b) ? "bf16 packed" : "bf16", static_cast<long long>(count),
-              static_cast<long long>(n), static_cast<long long>(k), us,
-              static_cast<double>(bytes) / (count * n * k), bytes / us * 1e-3);
-  if (in_cache) std::printf("  (%.1f ps per weight, in cache)", us * 1e6 / (count * n * k));
-  else if (g_read_gbs > 0)
-    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
-  std::printf("\n");
+  print_kstep(bf16_packed(b) ? "bf16 packed" : "bf16", count, n, k, us, bytes, in_cache);
 }
 
 // SmolLM2-135M's decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the
@@ -432,8 +436,7 @@ void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
   std::printf(
       "qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)",
       f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
-  if (g_read_gbs > 0)
-    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  print_read_share(bytes, us);
   std::printf("\n");
 }
 
@@ -467,8 +470,7 @@ void bench_qstep_bf16(Backend& b, int layers) {
   std::printf(
       "qstep decode linears %-5s + lm_head bf16: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)",
       "bf16", us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
-  if (g_read_gbs > 0)
-    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  print_read_share(bytes, us);
   std::printf("\n");
 }
 
@@ -548,8 +550,7 @@ void bench_moe(Backend& b, const QFormat* f, int64_t tokens) {
   std::snprintf(name, sizeof(name), "moe_experts %-5s tokens=%-4lld (%3.0f of %d experts)",
                 f ? f->name : "bf16", static_cast<long long>(tokens), touched, E);
   std::printf("%-52s %10.1f us %8.1f GB/s", name, us, bytes / us * 1e-3);
-  if (g_read_gbs > 0)
-    std::printf("  (%3.0f%% of read BW %.1f GB/s)", 100.0 * bytes / us * 1e-3 / g_read_gbs, g_read_gbs);
+  print_read_share(bytes, us);
   std::printf("  %8.1f tok/s\n", tokens * 1e6 / us);
   for (void* p : packed) b.free(p);
 }

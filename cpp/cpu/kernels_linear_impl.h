@@ -9,9 +9,9 @@
 // pf: when not null, the next tile's weight rows (contiguous bytes); each k step prefetches as
 // many bytes of it as it consumes of this tile, so DRAM streams ahead of the FMAs (rows are only
 // k long, too short for the hardware prefetcher to ramp up on C interleaved streams). Into L1,
-// unless a tile is over 16 KiB (bf16 past 2048 columns at 4 rows, past 1024 at 8): then this tile and the
-// next would not both fit a 32-48 KiB L1, and the prefetched lines would push out the ones being
-// read, so they go to L2 (bench/README.md, 2026-12-06: bf16 decode 10-18% faster at 4096 columns).
+// unless a tile is over 16 KiB (bf16 past 2048 columns at 4 rows, past 1024 at 8): this tile
+// and the next would then not both fit a 32-48 KiB L1, and the prefetched lines would push out
+// the ones being read, so they go to L2 (bench/README.md, 2026-12-06: bf16 decode 1.11-1.23x).
 // Pairs (bf16 only): each row's first k - k % (2W) elements are in the pair layout
 // (pack_bf16_pairs); the chains are the same, so are the bits.
 template <int R, int C, int DT, bool Pairs = false>

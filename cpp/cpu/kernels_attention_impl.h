@@ -212,7 +212,9 @@ FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr
       const int64_t e = base + static_cast<int64_t>(j) * hd + d;
 #pragma GCC unroll 8
       for (int c = 0; c < KC; ++c) {
-        const V vv = loadw<LDT>(vc, e + c * W);
+        V vv;
+        if constexpr (LDT == 2) vv = VT::load_bf16_lean(static_cast<const uint16_t*>(vc) + e + c * W);
+        else vv = loadw<LDT>(vc, e + c * W);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(VT::set1(p[r][j]), vv, acc[r][c]);
       }
@@ -319,9 +321,16 @@ void attention_t(const AttnItem& a, float* scratch) {
   };
   reset(acc, mx, sum);
 
-  // Row r = query i * G + head h: its q, output and score row.
+  // Row r = query i * G + head h. The per-block row loops ask for i = r / G about a dozen times a
+  // block, so it is a multiply, not a division: with m = floor(2^32 / G) + 1, floor(r m / 2^32) =
+  // floor(r / G) whenever r G < 2^32, and r < nq G with nq <= kAttnQTile (16) keeps r G below
+  // 16 G^2, under 2^32 for any G < 16384.
+  const uint64_t g_mul = (uint64_t{1} << 32) / static_cast<uint64_t>(G) + 1;
+  auto query_of = [&](int r) { return static_cast<int>((static_cast<uint64_t>(r) * g_mul) >> 32); };
+  // Its q, output and score row.
   auto q_of = [&](int r) {
-    return a.q + (r / G) * a.q_stride + static_cast<int64_t>(a.kv_head * G + r % G) * hd;
+    const int i = query_of(r);
+    return a.q + i * a.q_stride + static_cast<int64_t>(a.kv_head * G + r - i * G) * hd;
   };
   const int last_pos = a.first_pos + nq - 1;
   const int nblocks = last_pos / bs + 1;
@@ -426,9 +435,9 @@ void attention_t(const AttnItem& a, float* scratch) {
     }
     pf.rest();
     // Softmax of every row that sees this block, W rows at a time.
-    auto nk_of = [&](int r) { return imin_(bs, a.first_pos + r / G - start + 1); };
+    auto nk_of = [&](int r) { return imin_(bs, a.first_pos + query_of(r) - start + 1); };
     auto lo_of = [&](int r) {
-      const int l = a.first_pos + r / G - win + 1 - start;
+      const int l = a.first_pos + query_of(r) - win + 1 - start;
       return win > 0 && l > 0 ? l : 0;
     };
     {

@@ -30,6 +30,10 @@ namespace fantai::cpu::vt_avx2 {
 namespace {
 
 alignas(32) const int32_t kMaskTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+// VT::load_bf16's shuffle control: bf16 element i of each 128-bit lane's copy into the high half
+// of 32-bit lane i (lane 0 takes elements 0-3, lane 1 4-7).
+alignas(32) const int8_t kBf16Spread[32] = {-1, -1, 0, 1, -1, -1, 2,  3,  -1, -1, 4,  5,  -1, -1, 6,  7,
+                                            -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15};
 
 struct VT {
   static constexpr const char* kName = "avx2";
@@ -60,10 +64,18 @@ struct VT {
   // in-lane byte shuffle moves elements 0-3 (lane 0) and 4-7 (lane 1) into the high 16 bits of
   // their 32-bit lanes. Same values as bf16x8, whose shift runs on Intel's FMA ports (p0/p1).
   static V load_bf16(const uint16_t* p) {
-    const __m256i c = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7, -1, -1, 8, 9,
-                                       -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
-    return _mm256_castsi256_ps(_mm256_shuffle_epi8(
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), c));
+    return _mm256_castsi256_ps(
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+                            _mm256_load_si256(reinterpret_cast<const __m256i*>(kBf16Spread))));
+  }
+  // load_bf16 with vpshufb reading its control from memory: no register holds it. Attention's
+  // few-row PV tile (3 rows x 4 chunks of accumulators, 3 weights, the value) needs all 16, and
+  // with the control in one GCC spilled an accumulator whose store-to-load round trip then
+  // gated every key.
+  static V load_bf16_lean(const uint16_t* p) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    __asm__("vpshufb %1, %0, %0" : "+x"(v) : "m"(kBf16Spread));
+    return _mm256_castsi256_ps(v);
   }
   static V load_bf16_n(const uint16_t* p, int n) { return bf16x8(load8_u16_n(p, n)); }
   // The two halves of 2W bf16 in the pair layout (element i of each half in 32-bit lane i, the

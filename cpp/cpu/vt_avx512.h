@@ -49,6 +49,7 @@ struct VT {
     return bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static V load_bf16_n(const uint16_t* p, int n) { return bf16x16(_mm256_maskz_loadu_epi16(mask(n), p)); }
+  static V load_bf16_lean(const uint16_t* p) { return load_bf16(p); }  // 32 registers: no need
   // a, held in a register from here (see vt_avx2.h).
   static V pin(V a) {
     __asm__("" : "+v"(a));

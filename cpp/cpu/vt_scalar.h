@@ -51,6 +51,7 @@ struct VT {
     return a;
   }
   static V load_bf16(const uint16_t* p) { return load_bf16_n(p, W); }
+  static V load_bf16_lean(const uint16_t* p) { return load_bf16_n(p, W); }
   static V load_bf16_n(const uint16_t* p, int n) {
     V r = zero();
     for (int i = 0; i < n; ++i) r.v[i] = bf16_to_f32(p[i]);

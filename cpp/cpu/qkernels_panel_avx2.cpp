@@ -17,15 +17,6 @@ namespace {
 
 FV_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// a, in a register from here, so a running sum stays one chain: in the 8-bit and nibble steps GCC
-// otherwise rebuilt a block's steps as a tree of their products, storing and reloading each one
-// (R x U x 8 a block). The sums are integers, so their order cannot change them. The 2-/3-bit and
-// codebook loops ran slower with it (Q2_K at m = 16 by ~15%) and are left free.
-FV_INLINE __m256i held(__m256i a) {
-  __asm__("" : "+x"(a));
-  return a;
-}
-
 FV_INLINE __m256i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -136,6 +127,11 @@ FV_INLINE void add_zero128(const QuantizedRows& x, int64_t r0, int64_t bi, __m25
   }
 }
 
+// The 8-bit and nibble steps pin each new running sum to a register (VT::pin), so it stays one
+// chain: GCC otherwise rebuilt a block's steps as a tree of their products, storing and reloading
+// each one (R x U x 8 a block). The sums are integers, so their order cannot change them. The
+// 2-/3-bit and codebook loops ran slower pinned (Q2_K at m = 16 by ~15%) and are left free.
+//
 // One 4-column step of 8-bit weights for R rows x U units: unit u's 32 bytes at
 // wp + (u / 2) * wld + 32 * (u & 1), row r's 4 activations at xq + r * xld. The weights are u8 with
 // a zero of 128, taken as w - 128 in s8 and multiplied by the sign trick (|w - 128| as u8 times x
@@ -153,7 +149,7 @@ FV_INLINE void step8(const uint8_t* wp, int64_t wld, const int8_t* xq, int64_t x
     const __m256i wa = _mm256_abs_epi8(ws);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
-      iacc[r][u] = held(_mm256_add_epi32(
+      iacc[r][u] = vt_avx2::VT::pin(_mm256_add_epi32(
           iacc[r][u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], ws)), ones)));
   }
 }
@@ -180,8 +176,8 @@ FV_INLINE void nibble_step(const uint8_t* wp, const uint8_t* pp, int64_t wld, co
     for (int r = 0; r < R; ++r) {
       const __m256i t = _mm256_add_epi16(
           acc16[r][u], _mm256_add_epi16(_mm256_maddubs_epi16(wl, xl[r]), _mm256_maddubs_epi16(wh, xh[r])));
-      // 5 bits: the one plane's expansion wants the registers (held sums ran 3-8% slower).
-      acc16[r][u] = BITS == 5 ? t : held(t);
+      // 5 bits: the one plane's expansion wants the registers (pinned sums ran 3-8% slower).
+      acc16[r][u] = BITS == 5 ? t : vt_avx2::VT::pin(t);
     }
   }
 }

@@ -100,6 +100,11 @@ struct VT {
     __asm__("" : "+x"(a));
     return a;
   }
+  // The same for an integer vector (the int8 panel tiles' running sums).
+  static __m256i pin(__m256i a) {
+    __asm__("" : "+x"(a));
+    return a;
+  }
   static V load_f16(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }

@@ -371,29 +371,39 @@ void bench_kstep(Backend& b, const QFormat& f, bool in_cache) {
 // A [rows, cols] bf16 matrix of N(0, 1) values in the layout the backend runs dense bf16 in
 // (packed pairs where it packs off AMX, else row-major), and that layout's linear.
 bool bf16_packed(Backend& b) { return !g_amx_packs && b.dense_packed_bytes(DType::kBF16, 64, 64) > 0; }
-std::vector<uint8_t> bf16_matrix(Backend& b, int64_t rows, int64_t cols, uint32_t seed) {
+struct Bf16Weight {
+  std::vector<uint8_t> data;
+  bool packed = false;
+  size_t bytes = 0;
+};
+Bf16Weight bf16_matrix(Backend& b, int64_t rows, int64_t cols, uint32_t seed) {
   auto f = randn(rows * cols, seed);
-  std::vector<uint8_t> w(f.size() * 2);
-  convert_from_f32(f.data(), w.data(), DType::kBF16, f.size());
-  if (!bf16_packed(b)) return w;
-  std::vector<uint8_t> p(b.dense_packed_bytes(DType::kBF16, rows, cols));
-  b.pack_dense(w.data(), DType::kBF16, rows, cols, p.data());
-  return p;
+  Bf16Weight w;
+  w.data.resize(f.size() * 2);
+  convert_from_f32(f.data(), w.data.data(), DType::kBF16, f.size());
+  w.packed = bf16_packed(b);
+  if (w.packed) {
+    std::vector<uint8_t> p(b.dense_packed_bytes(DType::kBF16, rows, cols));
+    b.pack_dense(w.data.data(), DType::kBF16, rows, cols, p.data());
+    w.data.swap(p);
+  }
+  w.bytes = w.data.size();
+  return w;
 }
-void bf16_linear(Backend& b, const float* x, const std::vector<uint8_t>& w, float* y, int64_t n, int64_t k) {
-  if (bf16_packed(b)) b.linear_packed(x, w.data(), DType::kBF16, nullptr, y, 1, n, k);
-  else b.linear(x, w.data(), DType::kBF16, nullptr, y, 1, n, k);
+void bf16_linear(Backend& b, const float* x, const Bf16Weight& w, float* y, int64_t n, int64_t k) {
+  if (w.packed) b.linear_packed(x, w.data.data(), DType::kBF16, nullptr, y, 1, n, k);
+  else b.linear(x, w.data.data(), DType::kBF16, nullptr, y, 1, n, k);
 }
 
 // kstep's bf16 line: decode (m = 1) over 12 x [4096, 4096] dense bf16 matrices (0.4 GB) out of
 // cache, 24 x [1024, 1024] in it.
 void bench_kstep_bf16(Backend& b, bool in_cache) {
   const int64_t n = in_cache ? 1024 : 4096, k = n, count = in_cache ? 24 : 12;
-  std::vector<std::vector<uint8_t>> ws;
+  std::vector<Bf16Weight> ws;
   size_t bytes = 0;
   for (int64_t i = 0; i < count; ++i) {
     ws.push_back(bf16_matrix(b, n, k, static_cast<uint32_t>(40 + i)));
-    bytes += ws.back().size();
+    bytes += ws.back().bytes;
   }
   auto x = randn(k, 9);
   std::vector<float> y(n);
@@ -403,75 +413,64 @@ void bench_kstep_bf16(Backend& b, bool in_cache) {
   print_kstep(bf16_packed(b) ? "bf16 packed" : "bf16", count, n, k, us, bytes, in_cache);
 }
 
-// SmolLM2-135M's decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the
-// file), the tied lm_head Q8_0. Only the linears and the lm_head are timed together with the
-// small row ops; attention is left out (measured by --only step) so the figure is the weights'.
-void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
+// SmolLM2-135M's decode step, its linears and lm_head back to back with nothing else timed
+// (attention is measured by --only step), so the figure is the weights'. `make(rows, cols, seed)`
+// builds one matrix (a type with `bytes`), `mul(x, w, y, rows, cols)` runs it on one row.
+template <class Make, class MakeLm, class Mul>
+void time_decode_linears(const char* name, const char* lm_name, int layers, Make make, MakeLm make_lm,
+                         Mul mul) {
   const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
   const int64_t qkv_dim = (nh + 2 * nkv) * hd;
+  using Wt = decltype(make(int64_t{1}, int64_t{1}, uint32_t{1}));
   struct Layer {
-    QWeight qkv, o, gu, down;
+    Wt qkv, o, gu, down;
   };
   std::vector<Layer> Ls(layers);
   size_t bytes = 0;
   for (int l = 0; l < layers; ++l) {
-    Ls[l] = {QWeight(b, f, qkv_dim, H, 10 + l), QWeight(b, f, H, nh * hd, 100 + l),
-             QWeight(b, f, 2 * I, H, 200 + l), QWeight(b, f, H, I, 300 + l)};
+    const uint32_t s = static_cast<uint32_t>(l);
+    Ls[l] = {make(qkv_dim, H, 10 + s), make(H, nh * hd, 100 + s), make(2 * I, H, 200 + s),
+             make(H, I, 300 + s)};
     bytes += Ls[l].qkv.bytes + Ls[l].o.bytes + Ls[l].gu.bytes + Ls[l].down.bytes;
   }
-  QWeight lm(b, kQFormats[2], V, H, 7);
+  const auto lm = make_lm(V, H, 7u);
   bytes += lm.bytes;
-  auto x = randn(I, 9);
-  std::vector<float> qkv(qkv_dim), proj(H), gu(2 * I), logits(V);
-  auto run = [&] {
-    for (int l = 0; l < layers; ++l) {
-      b.linear_q(x.data(), Ls[l].qkv.w, nullptr, qkv.data(), 1, qkv_dim);
-      b.linear_q(x.data(), Ls[l].o.w, nullptr, proj.data(), 1, H);
-      b.linear_q(x.data(), Ls[l].gu.w, nullptr, gu.data(), 1, 2 * I);
-      b.linear_q(x.data(), Ls[l].down.w, nullptr, proj.data(), 1, H);
-    }
-    b.linear_q(x.data(), lm.w, nullptr, logits.data(), 1, V);
-  };
-  const double us = time_us(run);
-  std::printf(
-      "qstep decode linears %-5s + lm_head q8_0: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)",
-      f.name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
-  print_read_share(bytes, us);
-  std::printf("\n");
-}
-
-// qstep for the bf16 model: the same decode linears and a bf16 lm_head, every matrix dense bf16.
-void bench_qstep_bf16(Backend& b, int layers) {
-  const int64_t H = 576, nh = 9, nkv = 3, hd = 64, I = 1536, V = 49152;
-  const int64_t qkv_dim = (nh + 2 * nkv) * hd;
-  struct Layer {
-    std::vector<uint8_t> qkv, o, gu, down;
-  };
-  std::vector<Layer> Ls(layers);
-  size_t bytes = 0;
-  for (int l = 0; l < layers; ++l) {
-    Ls[l] = {bf16_matrix(b, qkv_dim, H, 10 + l), bf16_matrix(b, H, nh * hd, 100 + l),
-             bf16_matrix(b, 2 * I, H, 200 + l), bf16_matrix(b, H, I, 300 + l)};
-    bytes += Ls[l].qkv.size() + Ls[l].o.size() + Ls[l].gu.size() + Ls[l].down.size();
-  }
-  const auto lm = bf16_matrix(b, V, H, 7);
-  bytes += lm.size();
   auto x = randn(I, 9);
   std::vector<float> qkv(qkv_dim), proj(H), gu(2 * I), logits(V);
   const double us = time_us([&] {
     for (int l = 0; l < layers; ++l) {
-      bf16_linear(b, x.data(), Ls[l].qkv, qkv.data(), qkv_dim, H);
-      bf16_linear(b, x.data(), Ls[l].o, proj.data(), H, nh * hd);
-      bf16_linear(b, x.data(), Ls[l].gu, gu.data(), 2 * I, H);
-      bf16_linear(b, x.data(), Ls[l].down, proj.data(), H, I);
+      mul(x.data(), Ls[l].qkv, qkv.data(), qkv_dim, H);
+      mul(x.data(), Ls[l].o, proj.data(), H, nh * hd);
+      mul(x.data(), Ls[l].gu, gu.data(), 2 * I, H);
+      mul(x.data(), Ls[l].down, proj.data(), H, I);
     }
-    bf16_linear(b, x.data(), lm, logits.data(), V, H);
+    mul(x.data(), lm, logits.data(), V, H);
   });
   std::printf(
-      "qstep decode linears %-5s + lm_head bf16: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)",
-      "bf16", us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
+      "qstep decode linears %-5s + lm_head %s: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)", name,
+      lm_name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
   print_read_share(bytes, us);
   std::printf("\n");
+}
+
+// The decode step as the default GGUF holds it: every projection in `f` (Q4_1 in the file), the
+// tied lm_head Q8_0.
+void bench_qstep(Backend& b, const QFormat& f, int layers = 30) {
+  auto mul = [&](const float* x, const QWeight& w, float* y, int64_t n, int64_t) {
+    b.linear_q(x, w.w, nullptr, y, 1, n);
+  };
+  time_decode_linears(
+      f.name, "q8_0", layers, [&](int64_t r, int64_t c, uint32_t s) { return QWeight(b, f, r, c, s); },
+      [&](int64_t r, int64_t c, uint32_t s) { return QWeight(b, kQFormats[2], r, c, s); }, mul);
+}
+
+// The bf16 model's: every matrix dense bf16, the lm_head too.
+void bench_qstep_bf16(Backend& b, int layers) {
+  auto make = [&](int64_t r, int64_t c, uint32_t s) { return bf16_matrix(b, r, c, s); };
+  auto mul = [&](const float* x, const Bf16Weight& w, float* y, int64_t n, int64_t k) {
+    bf16_linear(b, x, w, y, n, k);
+  };
+  time_decode_linears("bf16", "bf16", layers, make, make, mul);
 }
 
 // The read-bandwidth probe (512 MB arrays); 0 without AVX2. Measured once and kept, unless fresh.
@@ -1376,6 +1375,9 @@ int main(int argc, char** argv) {
   // weights stream from memory on a CPU whose last-level cache holds the 30-layer set.
   int qstep_layers = 30;
   bool min_ms_given = false;
+  // --shape MxNxK: linear and qlinear time that one shape instead of their lists (A/B runs of one
+  // kernel shape, e.g. m = 512 of the gate|up projection: --shape 512x3072x576).
+  int64_t sm = 0, sn = 0, sk = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -1393,14 +1395,23 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--matmul-precision") && i + 1 < argc) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--short")) g_short = true;
     else if (!std::strcmp(argv[i], "--formats") && i + 1 < argc) formats = "," + std::string(argv[++i]) + ",";
-    else {
+    else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
+      long long m = 0, n = 0, k = 0;
+      char tail = 0;
+      if (std::sscanf(argv[++i], "%lldx%lldx%lld%c", &m, &n, &k, &tail) != 3 || m <= 0 || n <= 0 || k <= 0) {
+        std::fprintf(stderr, "--shape wants MxNxK with positive integers, got %s\n", argv[i]);
+        return 2;
+      }
+      sm = m, sn = n, sk = k;
+    } else {
       std::fprintf(
           stderr,
           "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
           "[--only "
           "probe|linear|qlinear|attention|attention-kv|attention-one|step|qstep|kstep|kstep-cache|amx-decode|"
           "moe] "
-          "[--formats q3_k,q2_k,...] [--cpu-time] [--matmul-precision float32|bfloat16] [--qstep-layers N]\n",
+          "[--formats q3_k,q2_k,...] [--shape MxNxK] [--cpu-time] [--matmul-precision float32|bfloat16] "
+          "[--qstep-layers N]\n",
           argv[0]);
       return 2;
     }
@@ -1439,7 +1450,12 @@ int main(int argc, char** argv) {
                 (now_us() - t0) / 2000, one);
   }
   if (g_short) return run_short(*b, want);
-  if (want("linear")) {
+  if (want("linear") && sm > 0) {
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      bench_linear(*b, sm, sn, sk, wt);
+      if (wt == DType::kBF16) bench_linear_amx(*b, sm, sn, sk);
+    }
+  } else if (want("linear")) {
     for (DType wt : {DType::kBF16, DType::kF32}) {
       for (int64_t m : {1, 16, 64, 256}) {
         bench_linear(*b, m, 1536, 576, wt);
@@ -1471,6 +1487,10 @@ int main(int argc, char** argv) {
   if (want("qlinear")) {
     for (const QFormat& f : kQFormats) {
       if (!picked(f)) continue;
+      if (sm > 0) {
+        bench_linear_q(*b, f, sm, sn, sk);
+        continue;
+      }
       for (int64_t m : {1, 16, 64, 256}) bench_linear_q(*b, f, m, 1536, 576);
       bench_linear_q(*b, f, 1, 576, 1536);
       bench_linear_q(*b, f, 1, 49152, 576);

@@ -63,9 +63,11 @@ inline int32_t attn_state_floats(int32_t head_dim) { return head_dim + 2; }
 inline int64_t attn_scratch_floats(int32_t num_q, int32_t group, int32_t head_dim, int32_t block_size) {
   // Per (row, head): head_dim outputs + max + sum + one block's scores (padded to 16 lanes, plus
   // 16 of slack) + the block's softmax correction + the folded state of past partitions (head_dim
-  // + 2); then one block of K and of V in f32.
-  return static_cast<int64_t>(num_q) * group * (2 * head_dim + 5 + block_size + 32) +
-         2 * static_cast<int64_t>(block_size) * head_dim + 64;
+  // + 2); then one block of K and of V in f32; then the rows-in-lanes form's transposed queries
+  // and scores (rows rounded up to 16 lanes, keys to a score tile of 8).
+  const int64_t rows = static_cast<int64_t>(num_q) * group, lanes = rows + 16;
+  return rows * (2 * head_dim + 5 + block_size + 32) + 2 * static_cast<int64_t>(block_size) * head_dim +
+         lanes * (head_dim + block_size + 8) + 80;
 }
 
 // Row-level kernels; the backend splits work across threads and calls these per row / tile, so

@@ -16,7 +16,9 @@
 // to W hsums); the output update streams V through tiles of rows that see the same keys. Each
 // loaded K/V row thus serves many rows (prefill) instead of one query's heads. Tiles only decide
 // which chains run side by side, never a chain's order, so a row's result depends on nothing but
-// its own query, its position and the shapes.
+// its own query, its position and the shapes. Many rows (not a decode's few) with head_dim % W ==
+// 0 run the same arithmetic with W rows in the lanes of a vector instead (qk_lanes_tile,
+// softmax_lanes below).
 // int8 (DT 3): the raw integers are loaded as floats. A key's scale ks_j multiplies its finished
 // dot product (s_j = (q . kq_j) * (ks_j * scale)), and a value's scale vs_j folds into its weight
 // (o += (p_j * vs_j) vq_j) while l sums the plain p_j; no dequantized values are ever stored.
@@ -189,12 +191,126 @@ FT_INLINE void softmax_rows(int n, float* const* srow, NK nk, LO lo, float cap, 
   }
 }
 
+// ---- rows in lanes (an item's many rows against a block: prefill, long chunks) ----------------
+// The same arithmetic as qk_tile and softmax_rows, with W rows of the item in the lanes of a
+// vector and the keys walked in order, so no score needs a horizontal sum and no row's max a
+// horizontal max. The rows' queries are transposed once per item (qt: group g's element d of lane
+// i at qt[(g * hd + d) * W + i]); a block's scores (and then its exps) are kept transposed too
+// (key j of row r at st[j * lds + r]).
+//
+// Score chains: lane l of a pair's W-lane chain runs over d = l, l + W, ... (qk_tile's acc[]);
+// here that chain, for W rows at once, is one vector (A_l), and the W chains are then folded by
+// the fixed halving tree VT::hsum uses (lanes l and l + W/2, then l + W/4, ...: A_l + A_{l+W/2}
+// first), so every score has qk_tile's bits. Needs hd % W == 0.
+constexpr int kLaneGroups = 2, kLaneKeys = 4;  // a score tile: 2 row groups x 4 keys, 8 chains
+
+// Scores of keys j0 .. j0 + kLaneKeys - 1 (clamped to nk - 1 when read; rows past nk written with
+// junk) for ng (1 or 2) row groups; K row j at k + j * hd (f32).
+FT_INLINE void qk_lanes_tile(const float* qt, int ng, const float* k, int hd, int j0, int nk, float scale,
+                             const float* ks, float* st, int64_t lds) {
+  constexpr int NG = kLaneGroups, NK = kLaneKeys, H = W / 2;
+  const float* kr[NK];
+#pragma GCC unroll 8
+  for (int c = 0; c < NK; ++c) kr[c] = k + static_cast<int64_t>(imin_(j0 + c, nk - 1)) * hd;
+  const float* qg[NG];
+#pragma GCC unroll 8
+  for (int g = 0; g < NG; ++g) qg[g] = qt + static_cast<int64_t>(g < ng ? g : 0) * hd * W;
+  V t[H][NG * NK];  // the tree's first level: A_l + A_{l + W/2}
+  for (int l = 0; l < W; ++l) {
+    V acc[NG][NK];
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g)
+#pragma GCC unroll 8
+      for (int c = 0; c < NK; ++c) acc[g][c] = VT::zero();
+    for (int d = l; d < hd; d += W) {
+      V kb[NK];
+#pragma GCC unroll 8
+      for (int c = 0; c < NK; ++c) kb[c] = VT::set1(kr[c][d]);
+#pragma GCC unroll 8
+      for (int g = 0; g < NG; ++g) {
+        const V q = VT::load(qg[g] + static_cast<int64_t>(d) * W);
+#pragma GCC unroll 8
+        for (int c = 0; c < NK; ++c) acc[g][c] = VT::fma(q, kb[c], acc[g][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g)
+#pragma GCC unroll 8
+      for (int c = 0; c < NK; ++c) {
+        V& x = t[l < H ? l : l - H][g * NK + c];
+        x = l < H ? acc[g][c] : VT::add(x, acc[g][c]);
+      }
+  }
+  for (int h = H / 2; h >= 1; h /= 2)
+    for (int i = 0; i < h; ++i)
+#pragma GCC unroll 8
+      for (int x = 0; x < NG * NK; ++x) t[i][x] = VT::add(t[i][x], t[i + h][x]);
+#pragma GCC unroll 8
+  for (int c = 0; c < NK; ++c) {
+    const V sc = VT::set1(ks ? ks[imin_(j0 + c, nk - 1)] * scale : scale);
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g)
+      if (g < ng) VT::store(st + (j0 + c) * lds + g * W, VT::mul(t[0][g * NK + c], sc));
+  }
+}
+
+// softmax_rows for the W rows of one group in lanes: row lane i sees keys [lo[i], nk[i]) of the
+// block (nk[i] = 0: a row that does not see it; its state is left alone), scores st[j * lds + i]
+// for j < nkmax, overwritten by the p_j (times vs_j for int8). State at mx, sum, corr + i for
+// lanes i < rows. Per lane: the same max (exact in any order), the same exps, and the sum's
+// chunk chains (key j into chain j % W, in key order, from 0) folded by the same halving tree as
+// VT::hsum; keys past a row's nk add exact zeros, as softmax_rows' padding does.
+FT_INLINE void softmax_lanes(int rows, const float* nk, const float* lo, int nkmax, float* st, int64_t lds,
+                             float cap, float* mx, float* sum, const float* vs, float* corr) {
+  const float ninf = -__builtin_inff();
+  const V vnk = VT::load(nk), vlo = VT::load(lo), vninf = VT::set1(ninf);
+  V vmax = vninf;
+  for (int j = 0; j < nkmax; ++j) {
+    float* p = st + j * lds;
+    V s = VT::load(p);
+    if (cap > 0.f) s = softcap_v(s, cap);
+    const V vj = VT::set1(static_cast<float>(j));
+    s = VT::select_lt(vj, vlo, vninf, VT::select_lt(vj, vnk, s, vninf));
+    VT::store(p, s);
+    vmax = VT::max(vmax, s);
+  }
+  const V m_old = VT::load_n(mx, rows);
+  // max(m, max_j s_j) in fmax_'s operand order.
+  const V m_new = VT::select_lt(vmax, m_old, m_old, vmax);
+  V ch[W];
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) ch[i] = VT::zero();
+  for (int j = 0; j < nkmax; ++j) {
+    float* p = st + j * lds;
+    const V vj = VT::set1(static_cast<float>(j));
+    const V e = VT::exp(VT::sub(VT::load(p), m_new));
+    const V pv = VT::select_lt(vj, vlo, VT::zero(), VT::select_lt(vj, vnk, e, VT::zero()));
+    VT::store(p, pv);
+    ch[j % W] = VT::add(ch[j % W], pv);
+  }
+  for (int h = W / 2; h >= 1; h /= 2)
+    for (int i = 0; i < h; ++i) ch[i] = VT::add(ch[i], ch[i + h]);
+  // exp(m - m') with a row's first block (m = -inf) giving 0.
+  const V c = VT::select_lt(m_old, VT::set1(-__FLT_MAX__), VT::zero(), VT::exp(VT::sub(m_old, m_new)));
+  const V l = VT::fma(VT::load_n(sum, rows), c, ch[0]);
+  alignas(64) float ml[W], ll[W], cl[W];
+  VT::store(ml, m_new);
+  VT::store(ll, l);
+  VT::store(cl, c);
+  for (int i = 0; i < rows; ++i)
+    if (nk[i] > 0.f) mx[i] = ml[i], sum[i] = ll[i], corr[i] = cl[i];
+  if (vs)
+    for (int j = 0; j < nkmax; ++j) VT::store(st + j * lds, VT::mul(VT::load(st + j * lds), VT::set1(vs[j])));
+}
+
 // o_r = o_r * corr_r + sum_{j < nk} p_r[j] v_j for R rows that all see keys [0, nk). v_j at vc
 // element base + j * hd, loaded as dtype LDT. KC head_dim chunks x R rows of accumulators live
 // across the key loop.
-template <int R, int LDT>
-FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr, const void* vc,
+// p_r[j] at p[r][j * ps]: ps is lds for the rows-in-lanes scores (TP), else 1 (score rows).
+template <int R, int LDT, bool TP>
+FT_INLINE void pv_tile(float* const* o, const float* const* p, int64_t lds, const float* corr, const void* vc,
                        int64_t base, int hd, int nk) {
+  const int64_t ps = TP ? lds : 1;
   // A tile short of the full kAttnRows leaves registers for more head_dim chunks: more independent
   // FMA chains per key.
   constexpr int KC = R < VT::kAttnRows ? VT::kAttnChunksFew : VT::kAttnChunks;
@@ -216,7 +332,7 @@ FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr
         if constexpr (LDT == 2) vv = VT::load_bf16_lean(static_cast<const uint16_t*>(vc) + e + c * W);
         else vv = loadw<LDT>(vc, e + c * W);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(VT::set1(p[r][j]), vv, acc[r][c]);
+        for (int r = 0; r < R; ++r) acc[r][c] = VT::fma(VT::set1(p[r][j * ps]), vv, acc[r][c]);
       }
     }
 #pragma GCC unroll 8
@@ -232,20 +348,20 @@ FT_INLINE void pv_tile(float* const* o, const float* const* p, const float* corr
     for (int j = 0; j < nk; ++j) {
       const V vv = loadw_n<LDT>(vc, base + static_cast<int64_t>(j) * hd + d, n);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r] = VT::fma(VT::set1(p[r][j]), vv, acc[r]);
+      for (int r = 0; r < R; ++r) acc[r] = VT::fma(VT::set1(p[r][j * ps]), vv, acc[r]);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) VT::store_n(o[r] + d, acc[r], n);
   }
 }
 
-template <int RR, int LDT>
-FT_INLINE void pv_rows(int rows, float* const* o, const float* const* p, const float* corr, const void* vc,
-                       int64_t base, int hd, int nk) {
+template <int RR, int LDT, bool TP>
+FT_INLINE void pv_rows(int rows, float* const* o, const float* const* p, int64_t lds, const float* corr,
+                       const void* vc, int64_t base, int hd, int nk) {
   if constexpr (RR > 1) {
-    if (rows < RR) return pv_rows<RR - 1, LDT>(rows, o, p, corr, vc, base, hd, nk);
+    if (rows < RR) return pv_rows<RR - 1, LDT, TP>(rows, o, p, lds, corr, vc, base, hd, nk);
   }
-  pv_tile<RR, LDT>(o, p, corr, vc, base, hd, nk);
+  pv_tile<RR, LDT, TP>(o, p, lds, corr, vc, base, hd, nk);
 }
 
 // f32 copy of a block's first n rows of one head (exact for every KV dtype; int8 stays unscaled).
@@ -312,6 +428,13 @@ void attention_t(const AttnItem& a, float* scratch) {
   float* gacc = cr + nh;                              // [nh, hd] past partitions folded (many only)
   float* gmx = gacc + static_cast<int64_t>(nh) * hd;  // [nh]
   float* gsum = gmx + nh;                             // [nh]
+  // Rows in lanes (not few rows, hd % W == 0): the item's queries transposed, then a block's
+  // scores, each [.., ngw] with the rows rounded up to whole vectors (64-byte aligned).
+  const int ngw = (nh + W - 1) / W * W;
+  float* qt = scratch + ((gsum + nh - scratch) + 15) / 16 * 16;  // [hd] per row group: [ngw / W, hd, W]
+  float* st = qt + static_cast<int64_t>(ngw) * hd;               // [bs + kLaneKeys, ngw]
+  const int64_t lds = ngw;
+  bool qt_ready = false;
   auto reset = [&](float* o, float* m, float* l) {
     for (int64_t i = 0; i < static_cast<int64_t>(nh) * hd; ++i) o[i] = 0.f;
     for (int i = 0; i < nh; ++i) {
@@ -402,6 +525,7 @@ void attention_t(const AttnItem& a, float* scratch) {
     // the cache. More rows: convert the block to f32 once (exact) so the tiles reload plain floats.
     constexpr int RF = kAttnFewRows;
     const bool few = r1 - r0 <= RF;
+    const bool lanes = !few && hd % W == 0;
     const bool convert = DT != 0 && !few;
     const void* kc = a.k_cache;
     const void* vc = a.v_cache;
@@ -413,34 +537,65 @@ void attention_t(const AttnItem& a, float* scratch) {
       vc = vf;
       kvbase = 0;
     }
-    // Score row-groups: all the rows when few, else RQ at a time.
-    const int rstep = few ? r1 - r0 : RQ;
-    // Block b + kAhead, spread over this block's score tiles.
-    Prefetch pf = prefetch_block(b + kAhead);
-    {
-      const int rq = imin_(rstep, r1 - r0), kc = qk_keys(rq),
-                tiles = (r1 - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
-      pf.step = (head_bytes / tiles + 63) / 64 * 64;
-    }
-    // Scores. A row past its own position's keys gets extra columns it never reads.
-    for (int r = r0; r < r1; r += rstep) {
-      const int rows = imin_(rstep, r1 - r);
-      for (int t = 0; t < rows; ++t) {
-        qs[t] = q_of(r + t);
-        srow[t] = sc + static_cast<int64_t>(r + t) * bsp;
-      }
-      // Not few: f32 in the cache, or converted above.
-      if (few) qk_rows<RF, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
-      else qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
-    }
-    pf.rest();
-    // Softmax of every row that sees this block, W rows at a time.
     auto nk_of = [&](int r) { return imin_(bs, a.first_pos + query_of(r) - start + 1); };
     auto lo_of = [&](int r) {
       const int l = a.first_pos + query_of(r) - win + 1 - start;
       return win > 0 && l > 0 ? l : 0;
     };
-    {
+    // Score row-groups: all the rows when few, else RQ at a time.
+    const int rstep = few ? r1 - r0 : RQ;
+    // Block b + kAhead, spread over this block's score tiles.
+    Prefetch pf = prefetch_block(b + kAhead);
+    if (lanes) {
+      if (!qt_ready) {
+        for (int r = 0; r < ngw; ++r) {
+          float* dst = qt + static_cast<int64_t>(r / W) * hd * W + r % W;
+          const float* q = r < nh ? q_of(r) : nullptr;
+          for (int d = 0; d < hd; ++d) dst[d * W] = q ? q[d] : 0.f;
+        }
+        qt_ready = true;
+      }
+      // The groups holding rows [r0, r1); their other rows' scores are never read.
+      const int g0 = r0 / W, g1 = (r1 + W - 1) / W;
+      const int tiles = (g1 - g0 + kLaneGroups - 1) / kLaneGroups * ((nkmax + kLaneKeys - 1) / kLaneKeys);
+      pf.step = (head_bytes / tiles + 63) / 64 * 64;
+      for (int g = g0; g < g1; g += kLaneGroups)
+        for (int j0 = 0; j0 < nkmax; j0 += kLaneKeys) {
+          pf.next();
+          qk_lanes_tile(qt + static_cast<int64_t>(g) * hd * W, imin_(kLaneGroups, g1 - g),
+                        static_cast<const float*>(kc) + kvbase, hd, j0, nkmax, a.scale, ks, st + g * W, lds);
+        }
+      pf.rest();
+      for (int g = g0; g < g1; ++g) {
+        alignas(64) float nkl[W], lol[W];
+        for (int i = 0; i < W; ++i) {
+          const int r = g * W + i;
+          const bool in = r >= r0 && r < r1;
+          nkl[i] = in ? static_cast<float>(nk_of(r)) : 0.f;
+          lol[i] = in ? static_cast<float>(lo_of(r)) : 0.f;
+        }
+        softmax_lanes(imin_(W, nh - g * W), nkl, lol, nkmax, st + g * W, lds, a.softcap, mx + g * W,
+                      sum + g * W, vs, cr + g * W);
+      }
+    } else {
+      {
+        const int rq = imin_(rstep, r1 - r0), kc = qk_keys(rq),
+                  tiles = (r1 - r0 + rq - 1) / rq * ((nkmax + kc - 1) / kc);
+        pf.step = (head_bytes / tiles + 63) / 64 * 64;
+      }
+      // Scores. A row past its own position's keys gets extra columns it never reads.
+      for (int r = r0; r < r1; r += rstep) {
+        const int rows = imin_(rstep, r1 - r);
+        for (int t = 0; t < rows; ++t) {
+          qs[t] = q_of(r + t);
+          srow[t] = sc + static_cast<int64_t>(r + t) * bsp;
+        }
+        // Not few: f32 in the cache, or converted above.
+        if (few) qk_rows<RF, DT>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+        else qk_rows<RQ, 0>(rows, qs, kc, kvbase, hd, nkmax, a.scale, ks, srow, pf);
+      }
+      pf.rest();
+      // Softmax of every row that sees this block, W rows at a time.
       float* rows_s[W];
       for (int r = r0; r < r1; r += W) {
         const int n = imin_(W, r1 - r);
@@ -456,12 +611,13 @@ void attention_t(const AttnItem& a, float* scratch) {
       const int nk = nk_of(r);
       int rows = 0;
       while (rows < RP && r + rows < r1 && nk_of(r + rows) == nk) {
-        ps[rows] = sc + static_cast<int64_t>(r + rows) * bsp;
+        ps[rows] = lanes ? st + r + rows : sc + static_cast<int64_t>(r + rows) * bsp;
         os[rows] = acc + static_cast<int64_t>(r + rows) * hd;
         ++rows;
       }
-      if (DT == 0 || convert) pv_rows<RP, 0>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
-      else pv_rows<RP, DT>(rows, os, ps, cr + r, vc, kvbase, hd, nk);
+      if (lanes) pv_rows<RP, 0, true>(rows, os, ps, lds, cr + r, vc, kvbase, hd, nk);
+      else if (DT == 0 || convert) pv_rows<RP, 0, false>(rows, os, ps, lds, cr + r, vc, kvbase, hd, nk);
+      else pv_rows<RP, DT, false>(rows, os, ps, lds, cr + r, vc, kvbase, hd, nk);
       r += rows;
     }
   }

@@ -559,12 +559,17 @@ void attention_t(const AttnItem& a, float* scratch) {
       const int g0 = r0 / W, g1 = (r1 + W - 1) / W;
       const int tiles = (g1 - g0 + kLaneGroups - 1) / kLaneGroups * ((nkmax + kLaneKeys - 1) / kLaneKeys);
       pf.step = (head_bytes / tiles + 63) / 64 * 64;
-      for (int g = g0; g < g1; g += kLaneGroups)
-        for (int j0 = 0; j0 < nkmax; j0 += kLaneKeys) {
+      // A row sees more keys than the one before it or as many, so a group's last row bounds its
+      // keys (below nkmax only in the block holding the item's first positions).
+      auto nk_upto = [&](int g_end) { return nk_of(imin_(g_end * W, r1) - 1); };
+      for (int g = g0; g < g1; g += kLaneGroups) {
+        const int ng = imin_(kLaneGroups, g1 - g), nk = nk_upto(g + ng);
+        for (int j0 = 0; j0 < nk; j0 += kLaneKeys) {
           pf.next();
-          qk_lanes_tile(qt + static_cast<int64_t>(g) * hd * W, imin_(kLaneGroups, g1 - g),
-                        static_cast<const float*>(kc) + kvbase, hd, j0, nkmax, a.scale, ks, st + g * W, lds);
+          qk_lanes_tile(qt + static_cast<int64_t>(g) * hd * W, ng, static_cast<const float*>(kc) + kvbase, hd,
+                        j0, nk, a.scale, ks, st + g * W, lds);
         }
+      }
       pf.rest();
       for (int g = g0; g < g1; ++g) {
         alignas(64) float nkl[W], lol[W];
@@ -574,7 +579,7 @@ void attention_t(const AttnItem& a, float* scratch) {
           nkl[i] = in ? static_cast<float>(nk_of(r)) : 0.f;
           lol[i] = in ? static_cast<float>(lo_of(r)) : 0.f;
         }
-        softmax_lanes(imin_(W, nh - g * W), nkl, lol, nkmax, st + g * W, lds, a.softcap, mx + g * W,
+        softmax_lanes(imin_(W, nh - g * W), nkl, lol, nk_upto(g + 1), st + g * W, lds, a.softcap, mx + g * W,
                       sum + g * W, vs, cr + g * W);
       }
     } else {

@@ -208,6 +208,25 @@ def test_synthetic_llama_all_types(tmp_path):
         np.testing.assert_array_equal(got[name], expected, err_msg=name)
 
 
+def test_auto_dtype_follows_dense_matrices(tmp_path):
+    # The helper labels every file general.file_type 1 (F16). Without quantized tensors the
+    # matrices' own type decides what dtype="auto" loads; with them the label still does.
+    from gguf import GGMLQuantizationType as Q
+
+    rng = np.random.default_rng(3)
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)
+    shapes = {"token_embd.weight": (32, 64), "blk.0.attn_q.weight": (64, 64), "blk.0.attn_k.weight": (32, 64),
+              "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64),
+              "blk.0.ffn_gate.weight": (96, 64), "blk.0.ffn_up.weight": (96, 64),
+              "blk.0.ffn_down.weight": (64, 96)}
+    norms = {n: (r(64), Q.F32) for n in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight")}
+    for qtype, want in ((Q.BF16, "bfloat16"), (Q.F32, "float32"), (Q.Q8_0, "float16")):
+        path = tmp_path / f"dense-{qtype.name}.gguf"
+        _write_gguf(path, "llama", {**{n: (r(*s), qtype) for n, s in shapes.items()}, **norms}, n_head=4, n_kv=2,
+                    rope_scaling=False)
+        assert load_gguf(str(path)).config["torch_dtype"] == want, qtype.name
+
+
 def test_synthetic_qwen2_biases_no_permute(tmp_path):
     from gguf import GGMLQuantizationType as Q
 

@@ -106,6 +106,7 @@ bench-smoke: install
 	$(PY) bench/bench_offline.py --short
 	$(PY) bench/bench_serve.py --short
 	$(PY) bench/bench_structured.py engines
+	$(PY) bench/decode_dram.py --short
 
 clean:
 	rm -rf build $(VENV)

@@ -781,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.unlink(wl_path)
 
-    print(f"\nSmolLM2-135M-Instruct, {args.threads} threads, {os.cpu_count()} CPUs, load average "
+    print(f"\n{os.path.basename(args.model)}, {args.threads} threads, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f}: {args.num_prompts} requests, prompts {args.min_prompt}-{args.max_prompt} "
           f"tokens ({n_prompt} in all), {args.output_len} output tokens each, EOS ignored, greedy, prefix caching "
           f"off; single stream medians of {args.repeats}\n")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,18 +37,15 @@ import time
 from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compare_llamacpp import model_costs, run_probe  # noqa: E402  (the same probe and byte count)
 
 
-def probe(binary: str, threads: int) -> float:
-    cmd = [binary, "--threads", str(threads), "--only", "probe"]
-    isa = os.environ.get("FANTAI_CPU_ISA")
-    if isa:
-        cmd[1:1] = ["--isa", isa]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    m = re.search(r"read bandwidth 512 MB\s+([\d.]+)", out)
-    if not m:
-        raise RuntimeError(f"no read bandwidth in {binary}'s probe output:\n{out}")
-    return float(m.group(1))
+def read_gbs(binary: str, threads: int) -> float:
+    gbs = run_probe(binary, threads, os.environ.get("FANTAI_CPU_ISA")).get("read_gbs")
+    if gbs is None:
+        raise RuntimeError(f"no read bandwidth in {binary}'s probe output")
+    return gbs
 
 
 def model_file(args: argparse.Namespace, fmt: str) -> str:
@@ -63,19 +59,18 @@ def model_file(args: argparse.Namespace, fmt: str) -> str:
 
 
 def decode_rates(path: str, args: argparse.Namespace) -> list[float]:
+    """Decode tok/s per repeat; the model is freed on return, before the probe after it."""
     from fantai import LLM, SamplingParams
 
     llm = LLM(path, threads=args.threads, seed=0, enable_prefix_caching=False)
-    try:
-        def wall(n: int) -> float:
-            t = time.perf_counter()
-            llm.generate([[100]], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
-            return time.perf_counter() - t
 
-        wall(4)
-        return [args.tokens / (wall(args.tokens + 1) - wall(1)) for _ in range(args.repeats)]
-    finally:
-        del llm
+    def wall(n: int) -> float:
+        t = time.perf_counter()
+        llm.generate([[100]], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+        return time.perf_counter() - t
+
+    wall(4)
+    return [args.tokens / (wall(args.tokens + 1) - wall(1)) for _ in range(args.repeats)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,16 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.short:
         args.hidden, args.inter, args.layers, args.tokens, args.repeats = 256, 512, 2, 8, 2
-    from gguf import GGUFReader
-
     rows = []
     for rnd in range(args.rounds):
         for fmt in args.formats.split(","):
             path = model_file(args, fmt)
-            nbytes = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
-            before = probe(args.probe, args.threads)
+            nbytes = model_costs(path, 1)["bytes_per_token"]
+            before = read_gbs(args.probe, args.threads)
             rates = decode_rates(path, args)
-            after = probe(args.probe, args.threads)
+            after = read_gbs(args.probe, args.threads)
             gbs = median(rates) * nbytes / 1e9
             row = {"round": rnd + 1, "format": fmt, "bytes_per_token": nbytes, "tok_s": rates,
                    "gb_s": gbs, "probe_before": before, "probe_after": after,

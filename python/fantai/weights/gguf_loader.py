@@ -237,7 +237,7 @@ class GGUFModel:
             "attention_bias": "blk.0.attn_q.bias" in self._by_name,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": None if eos is None else int(eos),
-            "torch_dtype": self._torch_dtype(),
+            "torch_dtype": self._checkpoint_dtype(),
         }
         pad = self.metadata.get("tokenizer.ggml.padding_token_id")
         if pad is not None:
@@ -334,7 +334,7 @@ class GGUFModel:
         pairs = ((t.name, hf_tensor_name(t.name, self.arch)) for t in self._file.tensors)
         return [(g, h) for g, h in pairs if h is not None]
 
-    def _torch_dtype(self) -> str:
+    def _checkpoint_dtype(self) -> str:
         """The checkpoint's dtype, what dtype="auto" loads: without block-quantized tensors, that of
         most of the matrices' elements. general.file_type only says what the converter meant: a
         file labelled (or left) otherwise would load its BF16 matrices as f32, twice the memory

@@ -487,7 +487,7 @@ void panel_rows_t(const QuantizedRows& x, const QuantMatrix& w, const float* bia
     const int64_t ppe = min64(pp + 8, p1);
     for (int64_t r = 0; r < m; r += R) {
       const int rows = static_cast<int>(min64(R, m - r));
-      panel_prefetch_out(y, ldy, r, rows, pp, ppe);
+      panel_prefetch_out(y, ldy, r, rows, pp * 16, min64(ppe * 16, w.rows));
       for (int64_t p = pp; p < ppe; ++p)
         unit_rows<R, 2, BITS, HZ, HM, HS, CB, Z128>(rows, x, w, bias, y, ldy, p, r);
     }

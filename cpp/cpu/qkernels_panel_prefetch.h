@@ -44,18 +44,18 @@ FPF_INLINE void panel_prefetch_group(const QuantMatrix& w, int64_t q0, int64_t q
   }
 }
 
-// Prefill: the output lines a row tile will write for panels q0 .. q1 - 1 (16 floats, one line, per
-// row and panel), asked for with intent to write before the tile computes. Without it each tile's
-// stores missed (a prefill's y is megabytes, not cached when a row block starts), and a store
-// waiting for its line holds every later store in the store buffer, the AVX2 tiles' spilled sums
-// included, so the kernel stalls. AVX2, m = 2048, 2 threads, best of 4 (bench_kernels --only
-// qlinear, SmolLM2's shapes): Q8_0 134-153 GFLOP/s before, 160-170 after; Q4_1 up to 1.4x on the
-// 576-column outputs; m = 64, whose y stays in L2, unchanged. The AVX-512 VNNI tiles keep their
-// sums in 32 registers, spill nothing, and measured the same with it and without.
-FPF_INLINE void panel_prefetch_out(const float* y, int64_t ldy, int64_t r0, int rows, int64_t q0, int64_t q1) {
+// Prefill: the output lines a row tile will write, columns c0 .. c1 - 1 of rows r0 .. r0 + rows - 1,
+// asked for with intent to write before the tile computes. Without it each tile's stores missed
+// (a prefill's y is megabytes, not cached when a row block starts), and a store waiting for its
+// line holds every later store in the store buffer, the AVX2 tiles' spilled sums included, so the
+// kernel stalls. AVX2, m = 2048, 2 threads, best of 4 (bench_kernels --only qlinear, SmolLM2's
+// shapes): Q8_0 134-153 GFLOP/s before, 160-170 after; Q4_1 up to 1.4x on the 576-column outputs;
+// m = 64, whose y stays in L2, unchanged. The AVX-512 VNNI tiles keep their sums in 32 registers,
+// spill nothing, and measured the same with it and without.
+FPF_INLINE void panel_prefetch_out(const float* y, int64_t ldy, int64_t r0, int rows, int64_t c0, int64_t c1) {
   for (int i = 0; i < rows; ++i) {
-    const char* yr = reinterpret_cast<const char*>(y + (r0 + i) * ldy + q0 * 16);
-    for (int64_t o = 0; o < (q1 - q0) * 64; o += 64) __builtin_prefetch(yr + o, 1, 3);
+    const float* yr = y + (r0 + i) * ldy;
+    for (int64_t c = c0; c < c1; c += 16) __builtin_prefetch(yr + c, 1, 3);
   }
 }
 

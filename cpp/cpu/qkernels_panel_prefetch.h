@@ -52,7 +52,8 @@ FPF_INLINE void panel_prefetch_group(const QuantMatrix& w, int64_t q0, int64_t q
 // shapes): Q8_0 134-153 GFLOP/s before, 160-170 after; Q4_1 up to 1.4x on the 576-column outputs;
 // m = 64, whose y stays in L2, unchanged. The AVX-512 VNNI tiles keep their sums in 32 registers,
 // spill nothing, and measured the same with it and without.
-FPF_INLINE void panel_prefetch_out(const float* y, int64_t ldy, int64_t r0, int rows, int64_t c0, int64_t c1) {
+FPF_INLINE void panel_prefetch_out(const float* y, int64_t ldy, int64_t r0, int rows, int64_t c0,
+                                   int64_t c1) {
   for (int i = 0; i < rows; ++i) {
     const float* yr = y + (r0 + i) * ldy;
     for (int64_t c = c0; c < c1; c += 16) __builtin_prefetch(yr + c, 1, 3);

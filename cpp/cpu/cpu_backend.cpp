@@ -195,11 +195,16 @@ std::shared_ptr<Backend> create_cpu_backend(int num_threads) {
   return make_cpu_backend(active_isa(), num_threads);
 }
 
-const char* selected_isa() { return isa_name(active_isa()); }
+const char* selected_isa() {
+  return active_isa() == Isa::kAvx2 && avx_vnni_panels() ? "avxvnni" : isa_name(active_isa());
+}
 
 std::vector<std::string> runnable_isas() {
   std::vector<std::string> v;
-  for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) v.emplace_back(isa_name(static_cast<Isa>(i)));
+  for (int i = 0; i <= static_cast<int>(detected_isa()); ++i) {
+    v.emplace_back(isa_name(static_cast<Isa>(i)));
+    if (static_cast<Isa>(i) == Isa::kAvx2 && cpu_features().avx_vnni) v.emplace_back("avxvnni");
+  }
   return v;
 }
 

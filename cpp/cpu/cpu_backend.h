@@ -15,11 +15,13 @@ std::shared_ptr<Backend> create_cpu_backend(int num_threads);
 // active_isa()).
 std::shared_ptr<Backend> make_cpu_backend(Isa isa, int num_threads);
 
-// The instruction-set level chosen at run time ("avx512", "avx2", "scalar"); FANTAI_CPU_ISA
-// (same names) forces a lower level for testing.
+// The instruction-set level chosen at run time ("avx512", "avxvnni", "avx2", "scalar");
+// FANTAI_CPU_ISA (same names) forces a lower level for testing. "avxvnni" is level avx2 with the
+// AVX-VNNI int8 panels (avx_vnni_panels).
 const char* selected_isa();
 
-// Every level this CPU can run, lowest first ("scalar", "avx2", ...): what FANTAI_CPU_ISA may name.
+// Every level this CPU can run, lowest first ("scalar", "avx2", "avxvnni" where the CPU has it,
+// ...): what FANTAI_CPU_ISA may name.
 std::vector<std::string> runnable_isas();
 
 // Threads a backend gets when none are asked for: the affinity mask capped by the cgroup quota.

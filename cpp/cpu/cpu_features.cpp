@@ -50,6 +50,9 @@ CpuFeatures probe() {
   const bool avx2 = b & (1u << 5);
   if (!(avx2 && fma && f16c)) return f;
   f.isa = Isa::kAvx2;
+  unsigned a1 = 0, b1, c1, d1;
+  const bool leaf71 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+  f.avx_vnni = leaf71 && ((a1 >> 4) & 1);  // leaf 7.1 EAX bit 4: AVX-VNNI
   const bool avx512f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
   const bool zmm_state = (xcr0 & 0xe0) == 0xe0;  // opmask, ZMM0-15 high halves, ZMM16-31
   if (!(avx512f && dq && bw && vl && zmm_state)) return f;
@@ -57,8 +60,7 @@ CpuFeatures probe() {
   f.avx512_vnni = c & (1u << 11);
   // Leaf 7.0 EDX: bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8; leaf 7.1 EAX bit 5: AVX512-BF16.
   const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1, amx_int8 = (d >> 25) & 1;
-  unsigned a1 = 0, b1, c1, d1;
-  if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512_bf16 = (a1 >> 5) & 1;
+  f.avx512_bf16 = leaf71 && ((a1 >> 5) & 1);
   const bool tiles = amx_tile && (amx_bf16 || amx_int8) && tile_permission();
   f.amx_bf16 = tiles && amx_bf16 && f.avx512_bf16;
   f.amx_int8 = tiles && amx_int8;
@@ -74,11 +76,12 @@ Isa choose() {
   if (!env || !*env) return hw;
   Isa want;
   if (!parse_isa(env, &want)) {
-    FANTAI_LOG(kWarning,
-               "FANTAI_CPU_ISA='" << env << "' not understood (avx512|avx2|scalar); using " << isa_name(hw));
+    FANTAI_LOG(kWarning, "FANTAI_CPU_ISA='" << env << "' not understood (avx512|avxvnni|avx2|scalar); using "
+                                            << isa_name(hw));
     return hw;
   }
-  if (static_cast<int>(want) > static_cast<int>(hw)) {
+  if (static_cast<int>(want) > static_cast<int>(hw) ||
+      (!std::strcmp(env, "avxvnni") && !cpu_features().avx_vnni)) {
     FANTAI_LOG(kWarning, "FANTAI_CPU_ISA=" << env << " not supported by this CPU; using " << isa_name(hw));
     return hw;
   }
@@ -117,6 +120,16 @@ CpuSwitches cpu_switches() {
 
 Isa detected_isa() { return cpu_features().isa; }
 
+bool avx_vnni_panels() {
+  static const bool on = [] {
+    if (!cpu_features().avx_vnni) return false;
+    const char* env = std::getenv("FANTAI_CPU_ISA");
+    if (!env || !*env) return cpu_features().isa == Isa::kAvx2;
+    return !std::strcmp(env, "avxvnni");
+  }();
+  return on;
+}
+
 Isa active_isa() {
   static const Isa isa = choose();
   return isa;
@@ -136,7 +149,7 @@ bool parse_isa(const char* s, Isa* out) {
     *out = Isa::kAvx512;
     return true;
   }
-  if (!std::strcmp(s, "avx2")) {
+  if (!std::strcmp(s, "avx2") || !std::strcmp(s, "avxvnni")) {
     *out = Isa::kAvx2;
     return true;
   }

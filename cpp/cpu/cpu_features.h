@@ -14,6 +14,9 @@ struct CpuFeatures {
   bool avx512_bf16 = false;  // vdpbf16ps, vcvtneps2bf16 (with isa == kAvx512)
   bool amx_bf16 = false;     // AMX-TILE + AMX-BF16 (+ AVX512-BF16), tile state granted by Linux
   bool amx_int8 = false;     // AMX-TILE + AMX-INT8, tile state granted by Linux
+  // VEX vpdpbusd on YMM (with isa >= kAvx2): Alder Lake and later clients, the E-core Xeons
+  // (Sierra Forest) that have no AVX-512, Sapphire Rapids and Zen 5 beside their AVX-512 VNNI.
+  bool avx_vnni = false;
 };
 const CpuFeatures& cpu_features();
 
@@ -30,12 +33,19 @@ struct CpuSwitches {
 };
 CpuSwitches cpu_switches();
 
-// cpu_features().isa, and that level lowered by FANTAI_CPU_ISA=avx512|avx2|scalar when set
-// (never raised; read once per process, a bad value warns and is ignored).
+// cpu_features().isa, and that level lowered by FANTAI_CPU_ISA=avx512|avxvnni|avx2|scalar when
+// set (never raised; read once per process, a bad value warns and is ignored). avxvnni is the
+// avx2 level with the AVX-VNNI panel kernels; avx2 alone is what an AVX2-only CPU (Zen 2/3,
+// Haswell to Cascade Lake without AVX-512) runs, whatever this one has.
 Isa detected_isa();
 Isa active_isa();
+// Whether the avx2 level runs its int8 panels on AVX-VNNI: the CPU has it, and either
+// FANTAI_CPU_ISA=avxvnni or no FANTAI_CPU_ISA on a CPU whose native level is avx2 (AVX-512 has
+// its own VNNI kernels). Read once per process.
+bool avx_vnni_panels();
 const char* isa_name(Isa isa);
-// Parses "avx512" / "avx2" / "scalar"; returns false for anything else.
+// Parses "avx512" / "avxvnni" / "avx2" / "scalar" (avxvnni is level avx2, see avx_vnni_panels);
+// returns false for anything else.
 bool parse_isa(const char* s, Isa* out);
 
 }  // namespace fantai::cpu

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -1012,9 +1013,20 @@ TEST(CpuBackend, AllocAlignedAndFactory) {
   Isa isa;
   EXPECT_TRUE(parse_isa("avx2", &isa));
   EXPECT_EQ(isa, Isa::kAvx2);
+  EXPECT_TRUE(parse_isa("avxvnni", &isa));
+  EXPECT_EQ(isa, Isa::kAvx2);
   EXPECT_FALSE(parse_isa("sse9", &isa));
   EXPECT_LE(static_cast<int>(active_isa()), static_cast<int>(detected_isa()));
-  EXPECT_STREQ(selected_isa(), isa_name(active_isa()));
+  // avxvnni is the avx2 level with the AVX-VNNI panels: only there, and only on a CPU with them.
+  const bool vnni = avx_vnni_panels();
+  EXPECT_TRUE(!vnni || (cpu_features().avx_vnni && active_isa() == Isa::kAvx2));
+  EXPECT_STREQ(selected_isa(), vnni ? "avxvnni" : isa_name(active_isa()));
+  const char* env = std::getenv("FANTAI_CPU_ISA");
+  if (env && *env && cpu_features().avx_vnni) {
+    EXPECT_EQ(vnni, !std::strcmp(env, "avxvnni"));
+  }
+  const std::vector<std::string> levels = runnable_isas();
+  EXPECT_EQ(std::count(levels.begin(), levels.end(), "avxvnni"), cpu_features().avx_vnni ? 1 : 0);
 }
 
 // The VmFlags of the mapping holding p (from /proc/self/smaps), or "" where none holds it.

@@ -153,10 +153,13 @@ QuantizeRowsFn avx512_quantize_rows_int8();
 LinearPanelFn avx2_linear_panel();
 QuantizeRowsFn avx2_quantize_rows_int8();
 LinearPanelFn scalar_linear_panel();
+// The AVX2 linear with AVX-VNNI's vpdpbusd on YMM, bit-equal to the others; nullptr when the
+// compiler could not build it. Runs only where avx_vnni_panels() (its quantizer is AVX2's).
+LinearPanelFn avx_vnni_linear_panel();
 
 // The panel kernels an ISA level runs: every level has them, and all give the same bits.
 struct PanelKernels {
-  const char* name;  // "vnni", "avx2", "scalar"
+  const char* name;  // "vnni", "avxvnni", "avx2", "scalar"
   LinearPanelFn linear;
   QuantizeRowsFn quantize;
   int decode_panels;  // panels one m = 1 tile covers side by side (its independent chains)

@@ -15,6 +15,10 @@ PanelKernels panel_kernels_for(Isa isa) {
     const QuantizeRowsFn q = avx512_quantize_rows_int8();
     return {"vnni", avx512_vnni_linear_panel(), q ? q : quantize_rows_int8, 4};
   }
+  if (isa == Isa::kAvx2 && avx_vnni_panels() && avx_vnni_linear_panel()) {
+    const QuantizeRowsFn q = avx2_quantize_rows_int8();
+    return {"avxvnni", avx_vnni_linear_panel(), q ? q : quantize_rows_int8, 2};
+  }
   // AVX-512 without VNNI (Skylake-X, Cascade Lake before it was added) runs the AVX2 kernel.
   if (isa != Isa::kScalar && avx2_linear_panel()) {
     const QuantizeRowsFn q = avx2_quantize_rows_int8();

@@ -550,8 +550,9 @@ void expect_panel_equal(cpu::LinearPanelFn fn, cpu::LinearPanelFn ref, const XQ&
       ASSERT_EQ(part[r * n + j], j < 16 ? 7.f : want[r * n + j]) << what << " r " << r << " j " << j;
 }
 
-TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
-  const cpu::LinearPanelFn fn = cpu::panel_kernels_for(GetParam()).linear, ref = cpu::scalar_linear_panel();
+// fn against the portable kernel on every format, scale mode and ragged shape, with extreme values.
+void expect_linear_bit_equal(cpu::LinearPanelFn fn, const char* label) {
+  const cpu::LinearPanelFn ref = cpu::scalar_linear_panel();
   ASSERT_NE(fn, nullptr);
   uint32_t seed = 5000;
   for (int mode : kModes)
@@ -570,12 +571,27 @@ TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
             const std::vector<float> bias = randn(n, seed++);
             const XQ xq = quantize_x(x.data(), m, k, cpu::xq_block(p.w));
             std::ostringstream what;
-            what << cpu::isa_name(GetParam()) << " bits " << s.bits << " width " << s.width << " codebook "
-                 << s.codebook << " group " << s.group << " scale mode " << mode << " extreme " << extreme
-                 << " m " << m << " k " << k;
+            what << label << " bits " << s.bits << " width " << s.width << " codebook " << s.codebook
+                 << " group " << s.group << " scale mode " << mode << " extreme " << extreme << " m " << m
+                 << " k " << k;
             for (const float* b : {static_cast<const float*>(nullptr), bias.data()})
               expect_panel_equal(fn, ref, xq, p, b, m, n, what.str());
           }
+}
+
+TEST_P(PanelKernels, LinearIsBitEqualToThePortableKernel) {
+  const cpu::PanelKernels pk = cpu::panel_kernels_for(GetParam());
+  expect_linear_bit_equal(pk.linear, pk.name);
+}
+
+// Both AVX2 twins wherever this CPU runs them, whichever one the avx2 level picked: plain AVX2,
+// and with AVX-VNNI (u8 x s8 straight into int32: no sign trick, no int16 sums).
+TEST(QuantPanel, AvxTwinsAreBitEqualToThePortableKernel) {
+  if (cpu::detected_isa() < Isa::kAvx2) GTEST_SKIP() << "no AVX2 here";
+  expect_linear_bit_equal(cpu::avx2_linear_panel(), "avx2");
+  if (!cpu::cpu_features().avx_vnni) GTEST_SKIP() << "no AVX-VNNI here (the AVX2 twin passed)";
+  if (!cpu::avx_vnni_linear_panel()) GTEST_SKIP() << "this compiler built no AVX-VNNI kernel";
+  expect_linear_bit_equal(cpu::avx_vnni_linear_panel(), "avxvnni");
 }
 
 TEST_P(PanelKernels, BackendLinearMatchesInt8Reference) {

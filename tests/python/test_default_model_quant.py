@@ -4,6 +4,7 @@ resident memory and greedy tokens against the same file dequantized to f32."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -133,3 +134,48 @@ def test_default_kernel_is_the_same_with_and_without_amx() -> None:
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     got = [o.outputs[0].token_ids for o in amx.chat(convs, params, use_tqdm=False)]
     assert got == [o.outputs[0].token_ids for o in vnni.chat(convs, params, use_tqdm=False)]
+
+
+_SCORE_CHILD = r"""
+import sys
+import numpy as np
+from fantai import LLM, SamplingParams, _C
+llm = LLM(dtype="float32", kv_cache_memory="64M")
+ids = llm.tokenizer.encode(sys.argv[2])
+scores = llm._model.score(ids)  # one prefill: the 4-row tiles and their tails
+# greedy decode: the one-row tiles, each step's 5 best logprobs as f32 bits
+out = llm.generate([sys.argv[2]], SamplingParams(temperature=0, max_tokens=24, logprobs=5, ignore_eos=True),
+                   use_tqdm=False)[0].outputs[0]
+steps = [sorted((t, lp.logprob) for t, lp in d.items()) for d in out.logprobs]
+dec = np.array([[lp for _, lp in s] for s in steps], dtype=np.float32)
+np.savez(sys.argv[1], scores=scores, tokens=np.array(out.token_ids), dec=dec,
+         dec_ids=np.array([[t for t, _ in s] for s in steps]))
+print(_C.cpu_isa())
+"""
+
+
+def test_avx_vnni_panels_give_the_avx2_bits(tmp_path) -> None:
+    """avxvnni is the avx2 level with its int8 panels on vpdpbusd (no sign trick, no int16 sums):
+    everything else is the same code, so the default model's logits must be the avx2 ones bit for
+    bit: a prompt's (one prefill) and a greedy decode's top-5 logprobs (one-row steps). Each level runs in its own process (the level is
+    read once per process)."""
+    from fantai import _C
+
+    if "avxvnni" not in _C.cpu_isa_levels():
+        pytest.skip("this CPU has no AVX-VNNI")
+    text = ("The old lighthouse keeper climbed the narrow stairs every evening at dusk, and from the top "
+            "he could see the fishing boats returning to the harbour.")
+    got = {}
+    for isa in ("avx2", "avxvnni"):
+        env = {k: v for k, v in os.environ.items() if k not in ("FANTAI_QUANT_KERNEL", "FANTAI_CPU_ISA")}
+        env["FANTAI_CPU_ISA"] = isa
+        out = tmp_path / f"{isa}.npz"
+        r = subprocess.run([sys.executable, "-c", _SCORE_CHILD, str(out), text], env=env, capture_output=True,
+                           text=True, timeout=600, check=True)
+        assert r.stdout.strip().splitlines()[-1] == isa
+        got[isa] = dict(np.load(out))
+    a, b = got["avx2"], got["avxvnni"]
+    assert a["scores"].shape[0] >= 20 and a["dec"].shape == (24, 5)
+    for key in ("scores", "dec"):
+        assert np.array_equal(a[key].view(np.uint32), b[key].view(np.uint32)), key
+    assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["dec_ids"], b["dec_ids"])

@@ -1,6 +1,6 @@
 // bench: CPU kernel figures (µs, GFLOP/s, GB/s) for the shapes the model runs: linear at decode
 // and prefill sizes incl. the lm_head, and paged attention decode / prefill. Warm caches.
-//   bench_kernels [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] [--short]
+//   bench_kernels [--threads N] [--isa avx512|avxvnni|avx2|scalar] [--min-ms T] [--short]
 // Figures are best-of-N wall time; weights of the small shapes stay cache-resident.
 // --short (CI): a few seconds, a subset of shapes, each kernel's output checked against the
 // double-precision reference (cpu::ref) within its arithmetic's error bound; exits 1 on a miss,
@@ -1101,6 +1101,26 @@ FT_PROBE_AVX2 __attribute__((noinline)) int maddubs_chain_ymm(long iters) {
   return _mm256_extract_epi32(s, 0);
 }
 
+// AVX-VNNI's vpdpbusd on ymm (FANTAI_CPU_ISA=avxvnni, or an AVX2 CPU that has it): 32 products
+// and their sums, 64 integer ops, in one instruction.
+#if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || \
+    (defined(__clang__) && __clang_major__ >= 12)
+#define FT_HAVE_AVXVNNI_PROBE 1
+template <int N>
+__attribute__((target("avx2,fma,avxvnni"), noinline)) int dpbusd_chain_ymm(long iters) {
+  __m256i a[N];
+  for (int i = 0; i < N; ++i) a[i] = _mm256_set1_epi32(i);
+  const __m256i x = _mm256_set1_epi8(-2);
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < N; ++i) a[i] = _mm256_dpbusd_avx_epi32(a[i], a[i], x);
+  }
+  __m256i s = a[0];
+  for (int i = 1; i < N; ++i) s = _mm256_add_epi32(s, a[i]);
+  return _mm256_extract_epi32(s, 0);
+}
+#endif
+
 FT_PROBE_AVX2 __attribute__((noinline)) float read_sum_ymm(const float* p, size_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   for (size_t i = 0; i < n; i += 32) {
@@ -1252,6 +1272,12 @@ void probes_avx2(int T) {
   s = par_best(T, 5, [&](int) { isink = maddubs_chain_ymm<12>(iters); });
   std::printf("probe %-38s %10.1f GOP/s\n", "peak vpmaddubsw+vpmaddwd u8*s8 (ymm)",
               T * iters * 12.0 * 64 / s * 1e-9);
+#ifdef FT_HAVE_AVXVNNI_PROBE
+  if (cpu::avx_vnni_panels()) {
+    s = par_best(T, 5, [&](int) { isink = dpbusd_chain_ymm<12>(iters); });
+    std::printf("probe %-38s %10.1f GOP/s\n", "peak vpdpbusd u8*s8 (ymm)", T * iters * 12.0 * 64 / s * 1e-9);
+  }
+#endif
   read_bandwidth_probes(T, cpu::Isa::kAvx2);
   (void)sink;
   (void)isink;
@@ -1385,6 +1411,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "unknown isa %s\n", argv[i]);
         return 2;
       }
+      // avx2 and avxvnni are one level told apart by FANTAI_CPU_ISA (cpu::avx_vnni_panels, read
+      // once, after this).
+      setenv("FANTAI_CPU_ISA", argv[i], 1);
     } else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) {
       g_min_ms = std::atof(argv[++i]);
       min_ms_given = true;
@@ -1406,7 +1435,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--short] [--threads N] [--isa avx512|avx2|scalar] [--min-ms T] "
+          "usage: %s [--short] [--threads N] [--isa avx512|avxvnni|avx2|scalar] [--min-ms T] "
           "[--only "
           "probe|linear|qlinear|attention|attention-kv|attention-one|step|qstep|kstep|kstep-cache|amx-decode|"
           "moe] "

@@ -368,7 +368,8 @@ def llamacpp_isa_above(python: str, isa: str) -> list[str] | None:
         return None
     info = r.stdout
     on = {k.strip() for k, _, v in (f.partition("=") for f in info.split("|")) if v.strip() == "1"}
-    above = {"avx512": (), "avx2": ("AVX512", "AVX_VNNI", "AMX_"), "scalar": ("AVX", "FMA", "F16C", "AMX_")}
+    above = {"avx512": (), "avxvnni": ("AVX512", "AMX_"), "avx2": ("AVX512", "AVX_VNNI", "AMX_"),
+             "scalar": ("AVX", "FMA", "F16C", "AMX_")}
     return sorted(f for f in on if f.startswith(above.get(isa, ())))
 
 
@@ -387,6 +388,7 @@ def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path:
 PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f32 FMA (zmm)",
           "fma_ymm_gflops": "probe peak f32 FMA (ymm)",
           "maddubs_gops": "probe peak vpmaddubsw+vpmaddwd u8*s8 (ymm)",
+          "vnni_ymm_gops": "probe peak vpdpbusd u8*s8 (ymm)",
           "bf16dot_gflops": "probe peak vdpbf16ps (zmm)", "amx_bf16_gflops": "probe peak AMX tdpbf16ps",
           "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)", "amx_int8_gops": "probe peak AMX tdpbusd u8*s8",
           "amx_q4_1_gops": "probe AMX int8, 32-blocks + fold (Q4_1 form)"}
@@ -441,9 +443,9 @@ def run_gemm_probe(python: str, threads: int, isa: str | None = None) -> dict[st
     AMX where the CPU has it) on 4096^3, best of 3. A measured peak for real GEMMs, beside the
     instruction peaks (operands in registers) that no library reaches; empty without torch."""
     # oneDNN dispatches on its own: cap it at the ISA fantai is held to, so the peak is like for like.
-    env = dict(os.environ, **({"ONEDNN_MAX_CPU_ISA": {"avx2": "AVX2", "avx512": "AVX512_CORE_AMX"}.get(isa, "")}
-                             if isa in ("avx2", "avx512") else {}))
-    f32 = isa in ("avx2", "scalar") or not cpu_has_bf16_gemm()
+    caps = {"avx2": "AVX2", "avxvnni": "AVX2_VNNI", "avx512": "AVX512_CORE_AMX"}
+    env = dict(os.environ, **({"ONEDNN_MAX_CPU_ISA": caps[isa]} if isa in caps else {}))
+    f32 = isa in ("avx2", "avxvnni", "scalar") or not cpu_has_bf16_gemm()
     res = subprocess.run([python, "-c", GEMM_PROBE, str(threads), *(["f32"] if f32 else [])],
                          capture_output=True, text=True, env=env)
     if res.returncode != 0:
@@ -497,7 +499,7 @@ def model_costs(path: str, pp_len: int) -> dict[str, float]:
 def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, dict[str, float]],
              peaks: dict[str, float]) -> str:
     names = [("f32 FMA", "fma_gflops"), ("f32 FMA ymm", "fma_ymm_gflops"), ("vpmaddubsw", "maddubs_gops"),
-             ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
+             ("vpdpbusd ymm", "vnni_ymm_gops"), ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
              ("oneDNN bf16 GEMM", "onednn_bf16_gflops"), ("oneDNN f32 GEMM", "onednn_f32_gflops"), ("vpdpbusd", "vnni_gops"), ("AMX int8", "amx_int8_gops"),
              ("oneDNN int8 GEMM", "onednn_int8_gops"), ("AMX Q4_1 blocks", "amx_q4_1_gops")]
     names = [(n, k) for n, k in names if k in peaks]
@@ -618,10 +620,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only-bf16", action="store_true", help="run only the bf16 copy")
     p.add_argument("--q8_0", action=argparse.BooleanOptionalAction, default=False,
                    help="also run a Q8_0 copy of --model (written by bench/make_q8_0_gguf.py)")
-    p.add_argument("--fantai-isa", default=None, choices=["avx512", "avx2", "scalar"],
+    p.add_argument("--fantai-isa", default=None, choices=["avx512", "avxvnni", "avx2", "scalar"],
                    help="run fantai (and the probe) at this ISA level (FANTAI_CPU_ISA), e.g. avx2 against a "
                         "llama.cpp built for AVX2 only (GGML_NATIVE=OFF GGML_AVX=ON GGML_AVX2=ON GGML_FMA=ON "
-                        "GGML_F16C=ON): like with like on an AVX-512 machine")
+                        "GGML_F16C=ON), or avxvnni against one built with GGML_AVX_VNNI=ON too: like with like "
+                        "on an AVX-512 machine")
     p.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "fantai-bench"))
     p.add_argument("--llama-cpp-python", default=None, help="python of a venv with llama-cpp-python")
     p.add_argument("--parallel", default="16,64", help="llama.cpp slot counts (comma-separated)")

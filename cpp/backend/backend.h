@@ -273,8 +273,8 @@ void set_process_communicator(std::shared_ptr<Communicator> comm);
 std::shared_ptr<Communicator> process_communicator();
 
 // The host CPU, whatever backend runs the model: the sampler's row reductions (cpu/row_reduce.h)
-// from the CPU kernel table of the active ISA level, that level's name ("avx512", "avx2",
-// "scalar"; FANTAI_CPU_ISA lowers it), every level this CPU can run (lowest first), and the
+// from the CPU kernel table of the active ISA level, that level's name ("avx512", "avxvnni",
+// "avx2", "scalar"; FANTAI_CPU_ISA lowers it), every level this CPU can run (lowest first), and the
 // threads a CPU backend gets when none are asked for (affinity capped by the cgroup quota).
 struct RowReductions {
   MaxSumExp (*max_sum_exp)(const float* l, int32_t n) = nullptr;

@@ -27,7 +27,8 @@ ISA_TESTS := tests/python/test_model_parity.py tests/python/test_quant_core.py \
 SCALAR_TESTS := tests/python/test_model_parity.py tests/python/test_quant_core.py \
   tests/python/test_quant_formats.py
 # avxvnni (the avx2 level with AVX-VNNI int8 panels, where the CPU has it) differs from avx2 in the
-# quantized panels alone: their tests (the C++ ones by GTEST_FILTER).
+# quantized panels alone: their tests (the C++ ones by GTEST_FILTER). Each of the filter's patterns
+# must list at least one test first: a renamed test would otherwise pass as an empty run.
 AVXVNNI_TESTS := tests/python/test_quant_core.py tests/python/test_quant_formats.py \
   tests/python/test_default_model_quant.py
 
@@ -35,6 +36,9 @@ test-isa: install
 	@set -e; for isa in $$($(PY) -c 'from fantai import _C; print(*_C.cpu_isa_levels()[:-1])'); do \
 	  echo "== FANTAI_CPU_ISA=$$isa"; \
 	  if [ $$isa = avxvnni ]; then ctests='test_quant'; filter='Isas/PanelKernels.*/avx2:QuantPanel.AvxTwins*'; \
+	    (set -f; IFS=:; for f in $$filter; do \
+	      [ $$($(BUILD)/tests/cpp/test_quant --gtest_list_tests --gtest_filter="$$f" | grep -c '^  ') -gt 0 ] || \
+	        { echo "test-isa: GTEST_FILTER pattern $$f matches no test in test_quant"; exit 1; }; done); \
 	  else ctests='test_kernels|test_quant|test_sampler'; filter='*'; fi; \
 	  FANTAI_CPU_ISA=$$isa GTEST_FILTER="$$filter" ctest --test-dir $(BUILD) --output-on-failure -R "$$ctests"; \
 	  case $$isa in scalar) tests="$(SCALAR_TESTS)";; avxvnni) tests="$(AVXVNNI_TESTS)";; *) tests="$(ISA_TESTS)";; esac; \

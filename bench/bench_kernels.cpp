@@ -64,6 +64,11 @@ double now_us() {
       .count();
 }
 
+// time_us's last call: its run count and median, for figures whose spread is worth printing (a
+// shared VM's decode linears ran 25-30% slower at the median than at the best).
+size_t g_last_runs = 0;
+double g_last_median_us = 0;
+
 double time_us(const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
@@ -76,6 +81,8 @@ double time_us(const std::function<void()>& fn) {
                g_min_ms ||
            t.size() < 5);
   std::sort(t.begin(), t.end());
+  g_last_runs = t.size();
+  g_last_median_us = t[t.size() / 2];
   return t.front();
 }
 
@@ -450,6 +457,9 @@ void time_decode_linears(const char* name, const char* lm_name, int layers, Make
       "qstep decode linears %-5s + lm_head %s: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)", name,
       lm_name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
   print_read_share(bytes, us);
+  // The figures above are the best run's, as the probes' are; the median says how far a typical
+  // step (what an engine's decode rate averages over) sits from it on this machine.
+  std::printf("  median %.0f us of %zu runs", g_last_median_us, g_last_runs);
   std::printf("\n");
 }
 

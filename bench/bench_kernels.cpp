@@ -65,7 +65,7 @@ double now_us() {
 }
 
 // time_us's last call: its run count and median, for figures whose spread is worth printing (a
-// shared VM's decode linears ran 25-30% slower at the median than at the best).
+// shared VM's decode linears ran 18-25% slower at the median than at the best).
 size_t g_last_runs = 0;
 double g_last_median_us = 0;
 

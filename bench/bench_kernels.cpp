@@ -64,12 +64,15 @@ double now_us() {
       .count();
 }
 
-// time_us's last call: its run count and median, for figures whose spread is worth printing (a
-// shared VM's decode linears ran 18-25% slower at the median than at the best).
-size_t g_last_runs = 0;
-double g_last_median_us = 0;
+// A figure's runs after one warm-up: at least 5, and at least --min-ms in all. best is what the
+// figures print, as the probes do; median says how far a typical run sits from it (a shared VM's
+// decode linears ran 18-25% slower at the median than at the best).
+struct Runs {
+  double best_us, median_us;
+  size_t count;
+};
 
-double time_us(const std::function<void()>& fn) {
+Runs time_runs(const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
   const auto start = std::chrono::steady_clock::now();
@@ -81,10 +84,10 @@ double time_us(const std::function<void()>& fn) {
                g_min_ms ||
            t.size() < 5);
   std::sort(t.begin(), t.end());
-  g_last_runs = t.size();
-  g_last_median_us = t[t.size() / 2];
-  return t.front();
+  return {t.front(), t[t.size() / 2], t.size()};
 }
+
+double time_us(const std::function<void()>& fn) { return time_runs(fn).best_us; }
 
 std::vector<float> randn(size_t n, uint32_t seed) {
   std::mt19937 g(seed);
@@ -444,7 +447,7 @@ void time_decode_linears(const char* name, const char* lm_name, int layers, Make
   bytes += lm.bytes;
   auto x = randn(I, 9);
   std::vector<float> qkv(qkv_dim), proj(H), gu(2 * I), logits(V);
-  const double us = time_us([&] {
+  const Runs runs = time_runs([&] {
     for (int l = 0; l < layers; ++l) {
       mul(x.data(), Ls[l].qkv, qkv.data(), qkv_dim, H);
       mul(x.data(), Ls[l].o, proj.data(), H, nh * hd);
@@ -453,13 +456,13 @@ void time_decode_linears(const char* name, const char* lm_name, int layers, Make
     }
     mul(x.data(), lm, logits.data(), V, H);
   });
+  const double us = runs.best_us;
   std::printf(
       "qstep decode linears %-5s + lm_head %s: %8.0f us  %7.1f steps/s  %6.1f GB/s  (%.1f MiB weights)", name,
       lm_name, us, 1e6 / us, bytes / us * 1e-3, bytes / 1048576.0);
   print_read_share(bytes, us);
-  // The figures above are the best run's, as the probes' are; the median says how far a typical
-  // step (what an engine's decode rate averages over) sits from it on this machine.
-  std::printf("  median %.0f us of %zu runs", g_last_median_us, g_last_runs);
+  // An engine's decode rate averages typical steps, not the best one.
+  std::printf("  median %.0f us of %zu runs", runs.median_us, runs.count);
   std::printf("\n");
 }
 

@@ -1168,7 +1168,8 @@ double par_best(int T, int reps, const std::function<void(int)>& fn) {
 }
 
 // The same bf16 linear packed by the backend: AMX tiles where usable (with its share of the
-// tdpbf16ps peak of this many threads), else the vector kernels' pair layout ("linear pairs").
+// tdpbf16ps peak of this many threads), else the vector kernels' pair or group layout ("linear
+// pairs", "linear groups").
 bool g_bf16_matmuls = false;  // --matmul-precision bfloat16 took effect
 
 void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
@@ -1192,8 +1193,12 @@ void bench_linear_amx(Backend& b, int64_t m, int64_t n, int64_t k) {
   const double us = time_us(
       [&] { b.linear_packed(x.data(), packed, DType::kBF16, nullptr, y.data(), m, n, k); });
   char name[96];
-  std::snprintf(name, sizeof(name), "linear %-5s m=%-4lld n=%-6lld k=%lld", g_amx_packs ? "amx" : "pairs",
-                static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
+  // The vector layouts told apart by size: groups pad a matrix to whole kBf16GroupRows rows.
+  const char* layout = g_amx_packs                                       ? "amx"
+                       : b.dense_packed_bytes(DType::kBF16, 1, 64) > 128 ? "groups"
+                                                                         : "pairs";
+  std::snprintf(name, sizeof(name), "linear %-5s m=%-4lld n=%-6lld k=%lld", layout, static_cast<long long>(m),
+                static_cast<long long>(n), static_cast<long long>(k));
   const double flops = 2.0 * m * n * k;
   report(name, us, flops, static_cast<double>(bytes) + 4.0 * (m * k + m * n));
   if (!g_amx_packs) {  // f32 products of the widened weights, as the row-major kernel's

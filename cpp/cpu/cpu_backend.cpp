@@ -32,10 +32,15 @@ CpuBackend::CpuBackend(Isa isa, int num_threads)
   quant_rows_fn_ = pk.quantize;
   panel_ = !sw.quant_f32;
   huge_pages_ = sw.huge_pages;
-  // AVX2's row-major loads widen bf16 with a broadcast load and one vpshufb, no FMA-port op, as
-  // the pair halves do, and its wider row-major tiles then ran faster (bench/README.md, issue 18):
-  // the pair layout is AVX-512's (and the portable level's) default only.
-  bf16_pairs_ = sw.bf16_pairs >= 0 ? sw.bf16_pairs == 1 : isa != Isa::kAvx2;
+  // AVX2 widens row-major bf16 with a broadcast load and one vpshufb, no FMA-port op, as the pair
+  // halves do, so it gains nothing from pairs; its decode is held back by the row-major streams,
+  // which the group layout makes one (bench/README.md, issue 18). AVX-512 and the portable level
+  // keep the pair layout.
+  using L = CpuSwitches::Bf16Layout;
+  bf16_layout_ = sw.bf16_layout != L::kDefault ? sw.bf16_layout : isa == Isa::kAvx2 ? L::kGroups : L::kPairs;
+  bf16_packed_fn_ = bf16_layout_ == L::kPairs    ? k_.linear_bf16_pairs
+                    : bf16_layout_ == L::kGroups ? k_.linear_bf16_groups
+                                                 : nullptr;
   // AMX only on top of AVX-512 (the activation split uses it); FANTAI_AMX=0 turns it off (A/B).
   const bool amx_ok = isa == Isa::kAvx512 && sw.amx;
   amx_ = amx_ok && amx_usable();

@@ -224,9 +224,12 @@ class CpuBackend final : public Backend {
   static constexpr int64_t kAmxPanelMinRows = 16;
   static constexpr int64_t kAmxChunkBytes = 512 << 10;  // bf16 weights per linear_packed task
   bool panel_ = false;
-  bool amx_ = false;        // bf16 dense matrices are packed into AMX tiles at load
-  bool bf16_pairs_ = true;  // else into the pair layout (FANTAI_BF16_PAIRS)
-  bool bf16_act_ = false;   // set_matmul_precision(kBF16) on AMX: one bf16 part, not two (or three)
+  bool amx_ = false;  // bf16 dense matrices are packed into AMX tiles at load
+  // bf16 matrices off AMX: row-major (linear), or packed at load (FANTAI_BF16_LAYOUT).
+  CpuSwitches::Bf16Layout bf16_layout_ = CpuSwitches::Bf16Layout::kPairs;
+  // The kernel of the packed bf16 layout (pairs or groups); nullptr when bf16 stays row-major.
+  decltype(KernelTable::linear_bf16_pairs) bf16_packed_fn_ = nullptr;
+  bool bf16_act_ = false;  // set_matmul_precision(kBF16) on AMX: one bf16 part, not two (or three)
   ThreadPool pool_;
   std::vector<float> perm_scratch_;        // linear_q act-order gather; the step thread is the only caller
   std::vector<uint16_t> amx_hi_, amx_lo_;  // linear_packed's bf16 halves of x; likewise

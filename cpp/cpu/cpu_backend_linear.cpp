@@ -26,11 +26,16 @@ bool CpuBackend::set_matmul_precision(DType precision) {
 }
 
 // bf16 matrices are packed on every level: AMX tiles where usable, else the vector kernels' pair
-// layout (same size; one widening op per W weights instead of two).
+// layout (same size; one widening op per W weights instead of two) or group layout (rows padded
+// to whole groups; a decode reads each group as one stream).
 size_t CpuBackend::dense_packed_bytes(DType dt, int64_t n, int64_t k) const {
   if (dt != DType::kBF16 || n <= 0 || k <= 0) return 0;
   if (amx_) return amx_packed_bytes(n, k);
-  return bf16_pairs_ ? static_cast<size_t>(n * k) * 2 : 0;
+  switch (bf16_layout_) {
+    case CpuSwitches::Bf16Layout::kPairs: return static_cast<size_t>(n * k) * 2;
+    case CpuSwitches::Bf16Layout::kGroups: return static_cast<size_t>(bf16_groups_bytes(n, k));
+    default: return 0;
+  }
 }
 
 void CpuBackend::pack_dense(const void* w, DType dt, int64_t n, int64_t k, void* dst) {
@@ -39,6 +44,8 @@ void CpuBackend::pack_dense(const void* w, DType dt, int64_t n, int64_t k, void*
                                                        << "] on this cpu backend");
   const auto* src = static_cast<const uint16_t*>(w);
   if (amx_) amx_pack_bf16(src, n, k, dst);
+  else if (bf16_layout_ == CpuSwitches::Bf16Layout::kGroups)
+    pack_bf16_groups(src, n, k, k_.lanes, static_cast<uint16_t*>(dst));
   else pack_bf16_pairs(src, n, k, k_.lanes, static_cast<uint16_t*>(dst));
 }
 
@@ -56,6 +63,20 @@ void pack_bf16_pairs(const uint16_t* w, int64_t n, int64_t k, int lanes, uint16_
   }
 }
 
+void pack_bf16_groups(const uint16_t* w, int64_t n, int64_t k, int lanes, uint16_t* dst) {
+  constexpr int G = kBf16GroupRows;
+  const int64_t kv = k - k % lanes, groups = (n + G - 1) / G;
+  for (int64_t g = 0; g < groups; ++g) {
+    uint16_t* d = dst + g * G * k;
+    for (int r = 0; r < G; ++r) {
+      const int64_t j = g * G + r;
+      for (int64_t c = 0; c < kv; c += lanes)
+        for (int i = 0; i < lanes; ++i) d[c * G + r * lanes + i] = j < n ? w[j * k + c + i] : 0;
+      for (int64_t i = kv; i < k; ++i) d[kv * G + r * (k - kv) + i - kv] = j < n ? w[j * k + i] : 0;
+    }
+  }
+}
+
 // AMX: x split into bf16 hi/lo rows once per call (per row, so batch invariant), then tasks of
 // a column chunk x a row block over the pool; each task sets up and releases the tiles of its
 // thread.
@@ -65,7 +86,7 @@ void CpuBackend::linear_packed(const float* x, const void* packed, DType dt, con
   FANTAI_REQUIRE(dt == DType::kBF16, "linear_packed: matrix was not packed by this cpu backend");
   if (m == 0) return;
   if (!amx_) {
-    const auto fn = k_.linear_bf16_pairs;
+    const auto fn = bf16_packed_fn_;
     for_each_linear_tile(m, n, k, n * k * 2, [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
       fn(x + r0 * k, packed, bias, y + r0 * n, r1 - r0, n, k, j0, j1);
     });

@@ -71,10 +71,10 @@ void CpuBackend::moe_linear(const float* x, const MoeLinear& L, const MoeExperts
 // One expert linear on m rows, on the calling thread: the same kernels, with the same per-element
 // arithmetic, as linear() / linear_q() run over the pool (their splits never change a result), so
 // either route gives the same bits. `xq`: this task's int8 activation scratch. Dense matrices
-// row-major or in the pair layout, unpermuted quantized ones (moe_experts_fit_one_thread checks).
+// row-major or packed (pairs or groups), unpermuted quantized ones (moe_experts_fit_one_thread checks).
 void CpuBackend::moe_linear_one_thread(const float* x, const MoeLinear& L, const MoeExperts& ex, float* y,
                                        int64_t m, int64_t n, int64_t k, MoeTaskScratch* xq) {
-  if (L.dense && ex.packed) k_.linear_bf16_pairs(x, L.dense, nullptr, y, m, n, k, 0, n);
+  if (L.dense && ex.packed) bf16_packed_fn_(x, L.dense, nullptr, y, m, n, k, 0, n);
   else if (L.dense) k_.linear(x, L.dense, ex.dtype, nullptr, y, m, n, k, 0, n);
   for (int32_t i = 0; i < L.num_parts; ++i) {
     const QuantMatrix& w = L.parts[i];

@@ -114,7 +114,15 @@ CpuSwitches cpu_switches() {
   s.quant_f32 = qk && !std::strcmp(qk, "f32");
   s.amx = zero_one("FANTAI_AMX", 1) == 1;
   s.huge_pages = zero_one("FANTAI_HUGEPAGES", 1) == 1;
-  s.bf16_pairs = zero_one("FANTAI_BF16_PAIRS", -1);
+  if (const char* v = std::getenv("FANTAI_BF16_LAYOUT"); v && *v) {
+    using L = CpuSwitches::Bf16Layout;
+    s.bf16_layout = !std::strcmp(v, "rows")     ? L::kRows
+                    : !std::strcmp(v, "pairs")  ? L::kPairs
+                    : !std::strcmp(v, "groups") ? L::kGroups
+                                                : L::kDefault;
+    FANTAI_REQUIRE(s.bf16_layout != L::kDefault,
+                   "FANTAI_BF16_LAYOUT='" << v << "' not understood (rows|pairs|groups)");
+  }
   return s;
 }
 

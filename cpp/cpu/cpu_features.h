@@ -27,9 +27,10 @@ struct CpuSwitches {
                            // (default / int8 / vnni: the int8-activation panel kernels)
   bool amx = true;         // FANTAI_AMX=0 turns AMX off (A/B runs)
   bool huge_pages = true;  // FANTAI_HUGEPAGES=0: weights without MADV_HUGEPAGE (A/B runs)
-  // FANTAI_BF16_PAIRS=0|1: bf16 off AMX row-major or in the pair layout (A/B runs); unset (-1):
-  // the ISA level's default (CpuBackend).
-  int bf16_pairs = -1;
+  // FANTAI_BF16_LAYOUT=rows|pairs|groups: bf16 matrices off AMX row-major, in the pair layout or
+  // in the group layout (A/B runs); unset (kDefault): the ISA level's default (CpuBackend).
+  enum class Bf16Layout { kDefault, kRows, kPairs, kGroups };
+  Bf16Layout bf16_layout = Bf16Layout::kDefault;
 };
 CpuSwitches cpu_switches();
 

@@ -82,6 +82,10 @@ struct KernelTable {
   // chains, so the same bits as linear on the row-major matrix.
   void (*linear_bf16_pairs)(const float* x, const void* w, const float* bias, float* y, int64_t m,
                             int64_t ldy, int64_t k, int64_t j0, int64_t j1);
+  // linear on bf16 weights in the group layout of this table's lanes (pack_bf16_groups): the same
+  // chains, so the same bits as linear on the row-major matrix.
+  void (*linear_bf16_groups)(const float* x, const void* w, const float* bias, float* y, int64_t m,
+                             int64_t ldy, int64_t k, int64_t j0, int64_t j1);
   // One row each. out may alias x.
   void (*rms_norm)(const float* x, const float* w, float* out, int64_t dim, float eps);
   void (*add_rms_norm)(float* residual, const float* x, const float* w, float* out, int64_t dim, float eps);
@@ -113,6 +117,19 @@ struct KernelTable {
 // and of its second half at 2i + 1, so one 32-bit lane carries both and each half widens with one
 // op; the rest of the row stays as it was. Same size as w.
 void pack_bf16_pairs(const uint16_t* w, int64_t n, int64_t k, int lanes, uint16_t* dst);
+
+// w [n, k] bf16 into the group layout for `lanes` lanes: rows in groups of kBf16GroupRows (the
+// last one padded with zero rows), each group's rows interleaved chunk by chunk: chunk c (elements
+// c * lanes .. + lanes - 1, below kv = k - k % lanes) of the group's row r at
+// group_base + c * kBf16GroupRows * lanes + r * lanes, then each row's k - kv tail elements at
+// group_base + kv * kBf16GroupRows + r * (k - kv). A decode reads a group as one stream, where
+// row-major rows are kBf16GroupRows streams a few KiB long, too short for the hardware prefetcher.
+// bf16_groups_bytes(n, k) bytes.
+constexpr int kBf16GroupRows = 8;
+inline int64_t bf16_groups_bytes(int64_t n, int64_t k) {
+  return (n + kBf16GroupRows - 1) / kBf16GroupRows * kBf16GroupRows * k * 2;
+}
+void pack_bf16_groups(const uint16_t* w, int64_t n, int64_t k, int lanes, uint16_t* dst);
 
 // nullptr where the file was not built for this target (non-x86).
 const KernelTable* scalar_kernels();

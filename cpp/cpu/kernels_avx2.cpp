@@ -23,6 +23,9 @@ struct VT : vt_avx2::VT {
   // --isa avx2): m = 512 at 0.89-0.97 of its time on 1 thread, 0.78-0.93 on 2; a 3x3 pair tile
   // ran at 1.04-1.22.
   static constexpr int kPairTileRows = 4, kPairTileCols = 2;
+  // The group layout's tile (kernels_linear_impl.h: it must not straddle a group's halves): 3x4
+  // accumulators, the x rows as the FMAs' memory operands or in the 4 registers left.
+  static constexpr int kGroupTileRows = 3, kGroupTileCols = 4;
   // Attention: 2 rows x 4 keys of score chains (8 accumulators, one VT::hsum_w); 4 rows x 2
   // head_dim chunks of output accumulators (8 of the 16 ymm).
   static constexpr int kAttnQkRows = 2, kAttnRows = 4, kAttnChunks = 2;

@@ -15,6 +15,7 @@ struct VT : vt_avx512::VT {
   // 32 zmm registers: 6x4 accumulators + 6 x rows + 1 weight row (measured best of 4x4, 4x6,
   // 6x4, 8x3 for k=576 bf16/f32); the bf16 pair layout keeps that tile (+ its mask register).
   static constexpr int kTileRows = 6, kTileCols = 4, kDecodeCols = 8, kPairTileRows = 6, kPairTileCols = 4;
+  static constexpr int kGroupTileRows = 6, kGroupTileCols = 4;  // the row-major tile, group-aligned
   // Attention: 4 rows x 4 keys of score chains (16 accumulators, one VT::hsum_w); 6 rows x 4
   // head_dim chunks of output accumulators (24) while V rows stream.
   static constexpr int kAttnQkRows = 4, kAttnRows = 6, kAttnChunks = 4;

@@ -66,9 +66,22 @@ void hsum_both(const float* x, float* tree, float* each) {
   for (int i = 0; i < W; ++i) each[i] = VT::hsum(a[i]);
 }
 
-const KernelTable kTable = {VT::kName, linear,          linear_bf16_pairs, rms_norm,   add_rms_norm,
-                            rope,      silu_mul,        gelu_tanh_mul,     add,        to_f32,
-                            attention, attention_merge, row_max_sum_exp,   row_argmax, W,
+const KernelTable kTable = {VT::kName,
+                            linear,
+                            linear_bf16_pairs,
+                            linear_bf16_groups,
+                            rms_norm,
+                            add_rms_norm,
+                            rope,
+                            silu_mul,
+                            gelu_tanh_mul,
+                            add,
+                            to_f32,
+                            attention,
+                            attention_merge,
+                            row_max_sum_exp,
+                            row_argmax,
+                            W,
                             hsum_both};
 
 #undef FT_INLINE

@@ -157,64 +157,100 @@ TEST_P(Kernels, HalfWeightsGiveTheF32KernelsBitsOnTheWidenedValues) {
       }
 }
 
-// The pair layout keeps every y element's chain, so linear_bf16_pairs on a packed matrix must give
-// linear's bits on the row-major one: for k with whole pair chunks, a leftover W step, a masked
-// tail, and k below one chunk; row counts that fill and split the pair tile; a column range that
-// starts and ends inside a row of tiles. A half widened from the wrong byte pair, or halves taken
-// in the wrong order, changes the bits.
-TEST_P(Kernels, Bf16PairLayoutGivesTheRowMajorBits) {
+// The pair and group layouts keep every y element's chain, so linear_bf16_pairs and
+// linear_bf16_groups on a packed matrix must give linear's bits on the row-major one: for k with
+// whole pair chunks, a leftover W step, a masked tail, and k below one chunk; row counts that fill
+// and split the tiles (m = 1 is the decode path); a column count that leaves a part group (zero
+// padded) and a column range that starts and ends inside a group. A half widened from the wrong
+// byte pair, halves taken in the wrong order, or a row's chunk read from its neighbour's slot in a
+// group changes the bits.
+TEST_P(Kernels, Bf16PackedLayoutsGiveTheRowMajorBits) {
   const KernelTable& t = kernels_for(GetParam());
   const int64_t n = 29;
   for (int64_t k : {1, 7, 15, 16, 17, 31, 32, 33, 48, 333, 576})
     for (int64_t m : {1, 2, 3, 4, 5, 9, 37})
       for (bool bias : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "m=" << m << " k=" << k << " bias=" << bias);
         auto x = randn(m * k, 31), wf = randn(n * k, 32), bv = randn(n, 33);
         auto wh = to_half(wf, DType::kBF16);
-        std::vector<uint16_t> packed(wh.size());
-        pack_bf16_pairs(wh.data(), n, k, t.lanes, packed.data());
         const float* b = bias ? bv.data() : nullptr;
-        std::vector<float> want(m * n, -1.f), got(m * n, -1.f);
+        std::vector<float> want(m * n, -1.f);
         t.linear(x.data(), wh.data(), DType::kBF16, b, want.data(), m, n, k, 0, n);
-        t.linear_bf16_pairs(x.data(), packed.data(), b, got.data(), m, n, k, 0, n);
-        EXPECT_TRUE(bitwise_equal(got.data(), want.data(), got.size()));
-        std::vector<float> part(m * n, -1.f);
-        t.linear_bf16_pairs(x.data(), packed.data(), b, part.data(), m, n, k, 3, 26);
-        for (int64_t r = 0; r < m; ++r)
-          for (int64_t j = 0; j < n; ++j)
-            ASSERT_EQ(part[r * n + j], j >= 3 && j < 26 ? want[r * n + j] : -1.f) << "r=" << r << " j=" << j;
+        for (bool groups : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << (groups ? "groups" : "pairs") << " m=" << m << " k=" << k << " bias=" << bias);
+          std::vector<uint16_t> packed(groups ? bf16_groups_bytes(n, k) / 2 : wh.size(), 0xffff);
+          if (groups) pack_bf16_groups(wh.data(), n, k, t.lanes, packed.data());
+          else pack_bf16_pairs(wh.data(), n, k, t.lanes, packed.data());
+          const auto fn = groups ? t.linear_bf16_groups : t.linear_bf16_pairs;
+          std::vector<float> got(m * n, -1.f);
+          fn(x.data(), packed.data(), b, got.data(), m, n, k, 0, n);
+          EXPECT_TRUE(bitwise_equal(got.data(), want.data(), got.size()));
+          std::vector<float> part(m * n, -1.f);
+          fn(x.data(), packed.data(), b, part.data(), m, n, k, 3, 26);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < n; ++j)
+              ASSERT_EQ(part[r * n + j], j >= 3 && j < 26 ? want[r * n + j] : -1.f)
+                  << "r=" << r << " j=" << j;
+        }
       }
 }
 
-// Where the backend packs bf16 into the pair layout (any level without AMX tiles when
-// FANTAI_BF16_PAIRS=1; AVX2 keeps row-major unless asked), a packed matrix runs on any thread
-// count with the row-major matrix's bits, and costs no extra bytes.
+// The group layout's bytes, read back: row j's element i where the layout puts it, and zero rows
+// padding the last group (bf16_groups_bytes rounds the rows up to whole groups).
+TEST_P(Kernels, Bf16GroupLayoutPlacesEveryElement) {
+  const KernelTable& t = kernels_for(GetParam());
+  const int G = kBf16GroupRows, L = t.lanes;
+  for (int64_t n : {1, 8, 13})
+    for (int64_t k : {5, 16, 21}) {
+      std::vector<uint16_t> w(n * k);
+      for (int64_t e = 0; e < n * k; ++e) w[e] = static_cast<uint16_t>(e + 1);
+      std::vector<uint16_t> p(bf16_groups_bytes(n, k) / 2, 0xffff);
+      ASSERT_EQ(p.size() % (G * k), 0u);
+      pack_bf16_groups(w.data(), n, k, L, p.data());
+      const int64_t kv = k - k % L;
+      for (int64_t j = 0; j < static_cast<int64_t>(p.size()) / k; ++j)
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t base = j / G * G * k, r = j % G;
+          const int64_t at = i < kv ? base + i / L * G * L + r * L + i % L
+                                    : base + kv * G + r * (k - kv) + i - kv;
+          ASSERT_EQ(p[at], j < n ? w[j * k + i] : 0) << "n=" << n << " k=" << k << " j=" << j << " i=" << i;
+        }
+    }
+}
+
+// Where the backend packs bf16 into a vector layout (any level without AMX tiles; FANTAI_BF16_LAYOUT
+// picks one), a packed matrix runs on any thread count with the row-major matrix's bits; pairs
+// cost no extra bytes, groups only the padding of the last group.
 TEST_P(Kernels, PackedBf16MatchesRowMajorOffAmx) {
-  std::shared_ptr<Backend> b2, b1;
-  {
-    const test::ScopedEnv pairs("FANTAI_BF16_PAIRS", "1");
-    b2 = be(2);
-    b1 = be(1);
-  }
-  const int64_t n = 200, k = 333;
   const bool amx = GetParam() == Isa::kAvx512 && cpu_switches().amx && amx_usable();
   if (amx) GTEST_SKIP() << "bf16 packs into AMX tiles here (test_amx covers them)";
-  ASSERT_EQ(b2->dense_packed_bytes(DType::kBF16, n, k), static_cast<size_t>(n * k * 2));
-  EXPECT_EQ(b2->dense_packed_bytes(DType::kF32, n, k), 0u);
-  EXPECT_FALSE(b2->packs_tied_lm_head());
-  auto wf = randn(n * k, 41), bias = randn(n, 42);
-  auto wh = to_half(wf, DType::kBF16);
-  std::vector<uint16_t> packed(wh.size());
-  b2->pack_dense(wh.data(), DType::kBF16, n, k, packed.data());
-  for (int64_t m : {1, 37, 130}) {
-    SCOPED_TRACE(::testing::Message() << "m=" << m);
-    auto x = randn(m * k, 43);
-    std::vector<float> want(m * n), got2(m * n), got1(m * n);
-    b2->linear(x.data(), wh.data(), DType::kBF16, bias.data(), want.data(), m, n, k);
-    b2->linear_packed(x.data(), packed.data(), DType::kBF16, bias.data(), got2.data(), m, n, k);
-    b1->linear_packed(x.data(), packed.data(), DType::kBF16, bias.data(), got1.data(), m, n, k);
-    EXPECT_TRUE(bitwise_equal(got2.data(), want.data(), want.size())) << "2 threads";
-    EXPECT_TRUE(bitwise_equal(got1.data(), want.data(), want.size())) << "1 thread";
+  for (const char* layout : {"pairs", "groups"}) {
+    SCOPED_TRACE(layout);
+    std::shared_ptr<Backend> b2, b1;
+    {
+      const test::ScopedEnv env("FANTAI_BF16_LAYOUT", layout);
+      b2 = be(2);
+      b1 = be(1);
+    }
+    const bool groups = !std::strcmp(layout, "groups");
+    const int64_t n = 203, k = 333;
+    ASSERT_EQ(b2->dense_packed_bytes(DType::kBF16, n, k), static_cast<size_t>((groups ? 208 : n) * k * 2));
+    EXPECT_EQ(b2->dense_packed_bytes(DType::kF32, n, k), 0u);
+    EXPECT_FALSE(b2->packs_tied_lm_head());
+    auto wf = randn(n * k, 41), bias = randn(n, 42);
+    auto wh = to_half(wf, DType::kBF16);
+    std::vector<uint8_t> packed(b2->dense_packed_bytes(DType::kBF16, n, k));
+    b2->pack_dense(wh.data(), DType::kBF16, n, k, packed.data());
+    for (int64_t m : {1, 37, 130}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << m);
+      auto x = randn(m * k, 43);
+      std::vector<float> want(m * n), got2(m * n), got1(m * n);
+      b2->linear(x.data(), wh.data(), DType::kBF16, bias.data(), want.data(), m, n, k);
+      b2->linear_packed(x.data(), packed.data(), DType::kBF16, bias.data(), got2.data(), m, n, k);
+      b1->linear_packed(x.data(), packed.data(), DType::kBF16, bias.data(), got1.data(), m, n, k);
+      EXPECT_TRUE(bitwise_equal(got2.data(), want.data(), want.size())) << "2 threads";
+      EXPECT_TRUE(bitwise_equal(got1.data(), want.data(), want.size())) << "1 thread";
+    }
   }
 }
 
@@ -1046,24 +1082,32 @@ std::string vm_flags_at(const void* p) {
   return "";
 }
 
-// FANTAI_BF16_PAIRS=0|1 forces bf16 row-major or the pair layout where AMX is off (the portable
-// level has no AMX); unset, each level takes its default.
-TEST(CpuBackend, Bf16PairsSwitch) {
-  // Unset: the pair layout except on AVX2 (row-major ran faster there).
-  const test::ScopedEnv env("FANTAI_BF16_PAIRS", nullptr);
-  EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+// FANTAI_BF16_LAYOUT=rows|pairs|groups forces bf16 row-major or a packed layout where AMX is off
+// (the portable level has no AMX); unset, each level takes its default.
+TEST(CpuBackend, Bf16LayoutSwitch) {
+  // 9 rows: the group layout pads them to 16.
+  const size_t rows = 9u * 40 * 2, groups = 16u * 40 * 2;
+  // Unset: the pair layout, except groups on AVX2 (its widening costs no FMA-port op either way;
+  // its decode needed the one stream).
+  const test::ScopedEnv env("FANTAI_BF16_LAYOUT", nullptr);
+  EXPECT_EQ(rows, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 9, 40));
   const bool avx2 = static_cast<int>(detected_isa()) >= static_cast<int>(Isa::kAvx2);
   if (avx2) {
-    EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+    EXPECT_EQ(groups, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 9, 40));
   }
-  env.set("0");
-  EXPECT_EQ(0u, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
-  env.set("1");
-  EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+  env.set("rows");
+  EXPECT_EQ(0u, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 9, 40));
   if (avx2) {
-    EXPECT_EQ(8u * 40 * 2, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 8, 40));
+    EXPECT_EQ(0u, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 9, 40));
   }
-  env.set("no");
+  env.set("pairs");
+  EXPECT_EQ(rows, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 9, 40));
+  if (avx2) {
+    EXPECT_EQ(rows, make_cpu_backend(Isa::kAvx2, 1)->dense_packed_bytes(DType::kBF16, 9, 40));
+  }
+  env.set("groups");
+  EXPECT_EQ(groups, make_cpu_backend(Isa::kScalar, 1)->dense_packed_bytes(DType::kBF16, 9, 40));
+  env.set("1");
   EXPECT_THROW(make_cpu_backend(Isa::kScalar, 1), std::exception);
 }
 

@@ -119,11 +119,12 @@ def test_batching_and_chunked_prefill_never_change_tokens(model_dir: Path) -> No
     assert tokens(chunked.generate(prompts, params, use_tqdm=False)) == batched
 
 
-def test_bf16_pair_layout_keeps_bits_and_size(tmp_path: Path) -> None:
-    """Off AMX (FANTAI_AMX=0 here, so on any CPU) FANTAI_BF16_PAIRS=1 repacks bf16 matrices at load
-    into the pair layout (the default there, except on AVX2): the same bytes (a tied lm_head gets no
-    packed copy beside the embedding) and the bits of the row-major kernels (FANTAI_BF16_PAIRS=0),
-    for logits and batched greedy tokens."""
+def test_bf16_packed_layouts_keep_bits_and_size(tmp_path: Path) -> None:
+    """Off AMX (FANTAI_AMX=0 here, so on any CPU) FANTAI_BF16_LAYOUT=pairs|groups repacks bf16
+    matrices at load into the pair or the group layout (pairs the default there, groups on AVX2):
+    the same bytes when every projection's rows fill whole groups (a tied lm_head gets no packed
+    copy beside the embedding) and the bits of the row-major kernels (FANTAI_BF16_LAYOUT=rows), for
+    logits and batched greedy tokens."""
     src = build_tiny_model(tmp_path / "src", vocab_size=VOCAB, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS,
                            inter=320, layers=2, max_pos=2048, tie=True)
     out = tmp_path / "bf16"
@@ -133,17 +134,19 @@ def test_bf16_pair_layout_keeps_bits_and_size(tmp_path: Path) -> None:
     runs = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FANTAI_AMX", "0")
-        for pairs in ("0", "1"):
-            mp.setenv("FANTAI_BF16_PAIRS", pairs)
-            runs[pairs] = LLM(str(out), dtype="bfloat16", num_kv_blocks=256)
-    rows, pairs = runs["0"], runs["1"]
-    assert pairs._model.weight_bytes() == rows._model.weight_bytes()
+        for layout in ("rows", "pairs", "groups"):
+            mp.setenv("FANTAI_BF16_LAYOUT", layout)
+            runs[layout] = LLM(str(out), dtype="bfloat16", num_kv_blocks=256)
+    rows = runs["rows"]
     prompts = random_prompts(4, VOCAB, [5, 40, 77, 130], seed=3)
-    for p in prompts:
-        assert np.array_equal(pairs._model.score(p).view(np.uint32), rows._model.score(p).view(np.uint32))
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    assert tokens(pairs.generate(prompts, params, use_tqdm=False)) == tokens(
-        rows.generate(prompts, params, use_tqdm=False))
+    want = tokens(rows.generate(prompts, params, use_tqdm=False))
+    for layout in ("pairs", "groups"):
+        packed = runs[layout]
+        assert packed._model.weight_bytes() == rows._model.weight_bytes(), layout
+        for p in prompts:
+            assert np.array_equal(packed._model.score(p).view(np.uint32), rows._model.score(p).view(np.uint32)), layout
+        assert tokens(packed.generate(prompts, params, use_tqdm=False)) == want, layout
 
 
 def test_cli_flag(model_dir: Path) -> None:

@@ -13,7 +13,9 @@
 // and the next would then not both fit a 32-48 KiB L1, and the prefetched lines would push out
 // the ones being read, so they go to L2 (bench/README.md, 2026-12-06: bf16 decode 1.11-1.23x).
 // A group layout's decode tile reads one stream: pf is then a fixed distance ahead in it
-// (kGroupPrefetchBytes), into L2.
+// (kGroupPrefetchBytes), into L2, past the chunk's or the matrix's end at its last tile (a
+// prefetch never faults). Its prefill tiles pass the bytes the next C rows would take row-major:
+// the same stretch of the group layout, read about then.
 // Pairs (bf16 only): each row's first k - k % (2W) elements are in the pair layout
 // (pack_bf16_pairs). G > 1 (bf16 only): the group layout (pack_bf16_groups), whose weight row jj
 // has its W-element chunk i / W at col_off + i * G and its tail at tail_off (below); G = 1 is

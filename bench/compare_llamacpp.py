@@ -45,6 +45,7 @@ VM whose speed drifts by a third between minutes, that is the figure to quote.
 Roofline (with --probe, default: build/wheel/bench/bench_kernels when it exists): the machine's
 peaks are measured by bench_kernels --only probe right before the systems run, on --threads
 threads: read bandwidth (512 MB array, mostly DRAM), f32 FMA, vdpbf16ps, AMX tdpbf16ps,
+on AVX2 vpmaddubsw (the 4-bit kernels' int8 peak) and vpsignb + vpmaddubsw (the 8-bit ones'),
 vpdpbusd and AMX tdpbusd (int8 tiles, which fantai's quantized prefill uses where it has them),
 and the AMX int8 ceiling of a 32-deep block-scaled format (each block's tile product stored and
 folded into f32 with its scales, Q4_1's form: what no exact Q4_1 kernel can pass);
@@ -389,6 +390,7 @@ def run_worker(args: argparse.Namespace, python: str, extra: list[str], wl_path:
 PROBES = {"read_gbs": "probe read bandwidth 512 MB", "fma_gflops": "probe peak f32 FMA (zmm)",
           "fma_ymm_gflops": "probe peak f32 FMA (ymm)",
           "maddubs_gops": "probe peak vpmaddubsw+vpmaddwd u8*s8 (ymm)",
+          "sign_gops": "probe peak vpsignb+vpmaddubsw s8*s8 (ymm)",
           "vnni_ymm_gops": "probe peak vpdpbusd u8*s8 (ymm)",
           "bf16dot_gflops": "probe peak vdpbf16ps (zmm)", "amx_bf16_gflops": "probe peak AMX tdpbf16ps",
           "vnni_gops": "probe peak vpdpbusd u8*s8 (zmm)", "amx_int8_gops": "probe peak AMX tdpbusd u8*s8",
@@ -500,6 +502,7 @@ def model_costs(path: str, pp_len: int) -> dict[str, float]:
 def roofline(groups: list[tuple[str, list[dict[str, Any]]]], costs: dict[str, dict[str, float]],
              peaks: dict[str, float]) -> str:
     names = [("f32 FMA", "fma_gflops"), ("f32 FMA ymm", "fma_ymm_gflops"), ("vpmaddubsw", "maddubs_gops"),
+             ("vpsignb+vpmaddubsw", "sign_gops"),
              ("vpdpbusd ymm", "vnni_ymm_gops"), ("vdpbf16ps", "bf16dot_gflops"), ("AMX bf16", "amx_bf16_gflops"),
              ("oneDNN bf16 GEMM", "onednn_bf16_gflops"), ("oneDNN f32 GEMM", "onednn_f32_gflops"), ("vpdpbusd", "vnni_gops"), ("AMX int8", "amx_int8_gops"),
              ("oneDNN int8 GEMM", "onednn_int8_gops"), ("AMX Q4_1 blocks", "amx_q4_1_gops")]

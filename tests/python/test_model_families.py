@@ -88,16 +88,20 @@ def test_qwen3_enable_thinking_reaches_the_prompt(tmp_path: Path) -> None:
 
 def _stepped_greedy(model, prompt: list[int], n: int) -> list[int]:
     """transformers' model stepped one token at a time over its cache, as a server decodes."""
+    import inspect
+
     import torch
     from transformers import DynamicCache
 
+    # transformers 5 renamed forward's past_key_values to cache (the old name warns until 5.40).
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = model(torch.tensor([prompt]), **{name: cache}, use_cache=True).logits[0, -1]
         out: list[int] = []
         for pos in range(len(prompt), len(prompt) + n):
             out.append(int(logits.argmax()))
-            logits = model(torch.tensor([[out[-1]]]), past_key_values=cache, use_cache=True,
+            logits = model(torch.tensor([[out[-1]]]), **{name: cache}, use_cache=True,
                            position_ids=torch.tensor([[pos]])).logits[0, -1]
     return out
 

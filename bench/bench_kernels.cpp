@@ -1100,7 +1100,8 @@ FT_PROBE_AVX2 __attribute__((noinline)) float fma_chain_ymm(long iters) {
 // Sign: the sign trick. 8-bit weights (Q8_0, online int8: u8 with a zero of 128) cannot be
 // vpmaddubsw's unsigned operand, whose int16 pair sums 255 x 127 would saturate, so the AVX2
 // kernels multiply |w - 128| by x carrying w - 128's sign: one vpsignb more per vpmaddubsw.
-// Without it this is the 4-bit kernels' instruction peak, with it the 8-bit ones'.
+// Without it this is the 4-bit kernels' instruction peak, with it the 8-bit ones' (a little over
+// it: their vpabsb per weight vector, shared by a tile's x rows, is left out).
 template <int N, bool Sign>
 FT_PROBE_AVX2 __attribute__((noinline)) int maddubs_chain_ymm(long iters) {
   __m256i a[N];
